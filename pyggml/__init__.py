@@ -1,0 +1,60 @@
+"""pyggml: Cython bindings to the ggml tensor library.
+
+Names map one to one to ggml's C API without the ``ggml_`` prefix; ops are
+module functions taking the context first, so C translates line for line::
+
+    ctx = pyggml.Context(16 * 2**20)            // ggml_init(...)
+    a = ctx.new_tensor(pyggml.Type.F32, (4,))   // ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4)
+    c = pyggml.add(ctx, a, b)                   // ggml_add(ctx, a, b)
+"""
+
+from pyggml._core import (
+    DEFAULT_GRAPH_SIZE,
+    DEFAULT_N_THREADS,
+    MAX_DIMS,
+    MAX_NAME,
+    MEM_ALIGN,
+    Context,
+    Graph,
+    Tensor,
+    Type,
+    add,
+    build_info,
+    cont,
+    cpy,
+    diag_mask_inf,
+    div,
+    ggml_version,
+    mean,
+    mul,
+    mul_mat,
+    permute,
+    repeat,
+    reshape,
+    reshape_1d,
+    reshape_2d,
+    reshape_3d,
+    reshape_4d,
+    scale,
+    soft_max,
+    sqr,
+    sqrt,
+    sub,
+    sum,
+    transpose,
+    view_1d,
+    view_2d,
+    view_3d,
+    view_4d,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MEM_ALIGN",
+    "Context", "Graph", "Tensor", "Type",
+    "add", "build_info", "cont", "cpy", "diag_mask_inf", "div", "ggml_version", "mean",
+    "mul", "mul_mat", "permute", "repeat", "reshape", "reshape_1d", "reshape_2d",
+    "reshape_3d", "reshape_4d", "scale", "soft_max", "sqr", "sqrt", "sub", "sum",
+    "transpose", "view_1d", "view_2d", "view_3d", "view_4d",
+]

@@ -1,0 +1,1090 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""Thin Cython wrapper over ggml: Context, Tensor, Graph and the ops.
+
+ggml has no error codes: a failed ``GGML_ASSERT`` aborts the process. So every
+function here checks, before it calls C, what ggml (and its CPU kernels) would
+assert, and raises a Python exception that names the argument and the values.
+The checks live in the ``_need_*`` helpers below, one helper per rule.
+
+Ownership
+---------
+* A :class:`Context` allocates its memory pool itself (a :class:`_Pool`) and
+  hands it to ``ggml_init``. ``close()`` frees the ``ggml_context``; the pool
+  lives on while any numpy view of a tensor (whose ``base`` is the pool) does.
+* A :class:`Tensor` holds its Context; once that Context is closed every use
+  of the Tensor raises ``ValueError``.
+* When an op in context A uses a tensor of context B, A records B (and B's own
+  dependencies): a Graph computes only while every context it reaches is open,
+  and keeps their pools alive while it computes without the GIL.
+"""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AsString
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdlib cimport free
+from libc.string cimport strlen
+
+cimport numpy as cnp
+
+from pyggml._ggml cimport *
+
+import os
+from enum import IntEnum
+
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void ** memptr, size_t alignment, size_t size)
+
+cdef extern from "pyggml_config.h":
+    const char * PYGGML_GGML_ORIGIN
+    const char * PYGGML_GGML_CMAKE_VERSION
+    const char * PYGGML_NATIVE_FLAG
+    const char * PYGGML_OPENMP_FLAG
+
+
+# --- constants read from the compiled headers -------------------------------
+
+MEM_ALIGN = GGML_MEM_ALIGN
+MAX_DIMS = GGML_MAX_DIMS
+MAX_NAME = GGML_MAX_NAME
+DEFAULT_GRAPH_SIZE = GGML_DEFAULT_GRAPH_SIZE
+
+# Pool alignment: at least GGML_MEM_ALIGN (ggml_init asserts it), and a cache line.
+cdef size_t _POOL_ALIGN = 64 if GGML_MEM_ALIGN <= 64 else GGML_MEM_ALIGN
+# Bytes ggml puts in front of every object in a context (sizeof(struct ggml_object)),
+# from the library itself: ggml_tensor_overhead() = object header + sizeof(ggml_tensor).
+cdef size_t _OBJECT_SIZE = ggml_tensor_overhead() - sizeof(ggml_tensor)
+cdef int64_t _INT64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+cdef inline ggml_type _ctype(object t):
+    cdef int v = t
+    return <ggml_type>v
+
+
+class Type(IntEnum):
+    """ggml tensor types (``enum ggml_type``); values come from the compiled header."""
+    F32 = GGML_TYPE_F32
+    F16 = GGML_TYPE_F16
+    Q4_0 = GGML_TYPE_Q4_0
+    Q4_1 = GGML_TYPE_Q4_1
+    Q5_0 = GGML_TYPE_Q5_0
+    Q5_1 = GGML_TYPE_Q5_1
+    Q8_0 = GGML_TYPE_Q8_0
+    I8 = GGML_TYPE_I8
+    I16 = GGML_TYPE_I16
+    I32 = GGML_TYPE_I32
+    I64 = GGML_TYPE_I64
+    F64 = GGML_TYPE_F64
+    BF16 = GGML_TYPE_BF16
+
+    @property
+    def numpy_dtype(self):
+        """The numpy dtype of one element, or None (quantized types).
+
+        BF16 maps to ``uint16``: numpy has no bfloat16, so the view shows the raw bits.
+        """
+        return _NUMPY_DTYPE.get(self)
+
+    @property
+    def type_size(self):
+        """Bytes per block (``ggml_type_size``)."""
+        return ggml_type_size(_ctype(self))
+
+    @property
+    def blck_size(self):
+        """Elements per block (``ggml_blck_size``)."""
+        return ggml_blck_size(_ctype(self))
+
+
+_NUMPY_DTYPE = {
+    Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16),
+    Type.F64: np.dtype(np.float64), Type.I8: np.dtype(np.int8),
+    Type.I16: np.dtype(np.int16), Type.I32: np.dtype(np.int32),
+    Type.I64: np.dtype(np.int64), Type.BF16: np.dtype(np.uint16),
+}
+# BF16 is not reachable from a numpy dtype: uint16 bits are not bfloat16 numbers.
+_TYPE_OF_DTYPE = {dt: t for t, dt in _NUMPY_DTYPE.items() if t != Type.BF16}
+
+cdef dict _NPY_TYPENUM = {t: dt.num for t, dt in _NUMPY_DTYPE.items()}
+
+FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
+_F32 = frozenset({Type.F32})
+
+
+def ggml_version():
+    """ggml_version() -> str: the version string of the linked ggml."""
+    return c_ggml_version().decode()
+
+
+def build_info():
+    """build_info() -> dict: how this pyggml was built.
+
+    Keys: ``ggml_version``, ``ggml_commit``, ``ggml_source`` (where the ggml tree
+    came from), ``mem_align``, ``native``, ``openmp``.
+    """
+    return {
+        "ggml_version": c_ggml_version().decode(),
+        "ggml_commit": ggml_commit().decode(),
+        "ggml_source": PYGGML_GGML_ORIGIN.decode(),
+        "mem_align": GGML_MEM_ALIGN,
+        "native": PYGGML_NATIVE_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES"),
+        "openmp": PYGGML_OPENMP_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES"),
+    }
+
+
+# --- the memory pool ---------------------------------------------------------
+
+@cython.final
+cdef class _Pool:
+    """Memory owned by pyggml and lent to a ggml_context. Numpy views use it as base."""
+    cdef void * ptr
+    cdef readonly size_t size
+
+    def __cinit__(self, size_t size):
+        self.ptr = NULL
+        if posix_memalign(&self.ptr, _POOL_ALIGN, size) != 0:
+            self.ptr = NULL
+            raise MemoryError(f"cannot allocate a {size}-byte memory pool")
+        self.size = size
+
+    def __dealloc__(self):
+        free(self.ptr)
+        self.ptr = NULL
+
+    cdef inline bint contains(self, const void * p, size_t nbytes):
+        cdef uintptr_t a = <uintptr_t>self.ptr
+        cdef uintptr_t b = <uintptr_t>p
+        return b >= a and b - a <= self.size and nbytes <= self.size - (b - a)
+
+
+# --- checks: one helper per rule ----------------------------------------------
+
+cdef inline Tensor _need_tensor(object t, str arg):
+    """The argument must be a live Tensor."""
+    if type(t) is not Tensor:
+        raise TypeError(f"{arg} must be a pyggml.Tensor, not {type(t).__name__}")
+    (<Tensor>t)._check()
+    return <Tensor>t
+
+
+cdef inline _need_open(Context ctx, str arg="ctx"):
+    if ctx is None:
+        raise TypeError(f"{arg} must be a pyggml.Context, not None")
+    if ctx.ptr == NULL:
+        raise ValueError(f"{arg}: the context is closed")
+
+
+cdef _need_type(Tensor t, str arg, str op, types):
+    if t.ptr.type not in types:
+        names = ", ".join(sorted(Type(x).name for x in types))
+        raise TypeError(f"{op}: {arg} has type {Type(t.ptr.type).name}; supported: {names}")
+
+
+cdef _need_rows_contiguous(Tensor t, str arg, str op):
+    # the CPU kernels assert nb[0] == ggml_type_size(type)
+    if t.ptr.nb[0] != ggml_type_size(t.ptr.type):
+        raise ValueError(f"{op}: {arg} must have contiguous rows (nb[0] == {ggml_type_size(t.ptr.type)}), "
+                         f"got nb={t.nb}")
+
+
+cdef _need_contiguous(Tensor t, str arg, str op):
+    if not ggml_is_contiguous(t.ptr):
+        raise ValueError(f"{op}: {arg} must be contiguous, got ne={t.ne} nb={t.nb} (use cont())")
+
+
+cdef bint _can_repeat(const ggml_tensor * t0, const ggml_tensor * t1):
+    # ggml_can_repeat, including its empty-tensor rule (and no division by zero)
+    cdef int i
+    if ggml_nelements(t0) == 0:
+        return ggml_nelements(t1) == 0
+    for i in range(GGML_MAX_DIMS):
+        if t1.ne[i] % t0.ne[i] != 0:
+            return False
+    return True
+
+
+cdef _need_can_repeat(Tensor a, Tensor b, str arg_a, str arg_b, str op):
+    if not _can_repeat(a.ptr, b.ptr):
+        raise ValueError(f"{op}: {arg_a} (ne={a.ne}) cannot be broadcast to {arg_b} (ne={b.ne}): "
+                         f"each {arg_b}.ne[i] must be a multiple of {arg_a}.ne[i]")
+
+
+cdef _need_same_nelements(Tensor a, Tensor b, str op):
+    if ggml_nelements(a.ptr) != ggml_nelements(b.ptr):
+        raise ValueError(f"{op}: a has {ggml_nelements(a.ptr)} elements (ne={a.ne}), "
+                         f"b has {ggml_nelements(b.ptr)} (ne={b.ne})")
+
+
+cdef tuple _need_ne(object ne, str arg="ne"):
+    """A ggml shape: 1 to GGML_MAX_DIMS non-negative ints whose product fits int64."""
+    try:
+        vals = tuple(ne)
+    except TypeError:
+        raise TypeError(f"{arg} must be a sequence of ints, not {type(ne).__name__}") from None
+    if not 1 <= len(vals) <= GGML_MAX_DIMS:
+        raise ValueError(f"{arg} must have 1 to {GGML_MAX_DIMS} values (ggml order, fastest first), got {len(vals)}")
+    out = []
+    for i, v in enumerate(vals):
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"{arg}[{i}] must be an int, not {type(v).__name__}")
+        v = v.__index__()
+        if v < 0:
+            raise ValueError(f"{arg}[{i}] must be >= 0, got {v}")
+        out.append(v)
+    n = 1
+    for v in out:
+        n *= v
+    if n > _INT64_MAX:
+        raise ValueError(f"{arg}={tuple(out)} has {n} elements, more than int64 holds")
+    return tuple(out)
+
+
+cdef int _need_int32(object v, str arg, long lo=-2147483648) except? -1:
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{arg} must be an int, not {type(v).__name__}")
+    v = v.__index__()
+    if not lo <= v <= 2147483647:
+        raise ValueError(f"{arg} must be in [{lo}, 2147483647], got {v}")
+    return v
+
+
+cdef object _data_nbytes(ggml_type typ, tuple ne):
+    """Bytes of tensor data, as ggml_new_tensor_impl computes them (Python ints: no overflow)."""
+    cdef int64_t blck = ggml_blck_size(typ)
+    if ne[0] % blck != 0:
+        raise ValueError(f"ne[0]={ne[0]} must be a multiple of the block size {blck} of type {Type(typ).name}")
+    n = (ne[0] // blck) * ggml_type_size(typ)
+    for v in ne[1:]:
+        n *= v
+    return n
+
+
+# --- Context -----------------------------------------------------------------
+
+@cython.final
+cdef class Context:
+    """Context(mem_size, no_alloc=False)
+
+    A ggml context: a memory pool of ``mem_size`` bytes that holds tensors (their
+    headers and, unless ``no_alloc``, their data) and graphs.
+
+    Parameters
+    ----------
+    mem_size : int
+        Pool size in bytes, > 0. Each tensor takes ``ggml_tensor_overhead()``
+        bytes plus its data padded to ``MEM_ALIGN``; a graph takes
+        ``Graph.overhead(size)``.
+    no_alloc : bool
+        Create tensors without data (shape inference only); such graphs cannot
+        be computed.
+
+    A Context is a context manager; ``close()`` frees the ggml_context. Tensors
+    of a closed context raise ``ValueError``; numpy views taken before stay valid.
+    """
+    cdef ggml_context * ptr
+    cdef _Pool pool
+    cdef readonly size_t mem_size
+    cdef readonly bint no_alloc
+    cdef set _deps          # other contexts that tensors of this one reference
+
+    def __cinit__(self, mem_size, bint no_alloc=False):
+        self.ptr = NULL
+        if isinstance(mem_size, bool) or not hasattr(mem_size, "__index__"):
+            raise TypeError(f"mem_size must be an int (bytes), not {type(mem_size).__name__}")
+        mem_size = mem_size.__index__()
+        if mem_size <= 0:
+            raise ValueError(f"mem_size must be > 0 bytes, got {mem_size}")
+        if mem_size > (1 << 62):
+            raise MemoryError(f"mem_size={mem_size} bytes is too large")
+        self.pool = _Pool(mem_size)
+        cdef ggml_init_params params
+        params.mem_size = mem_size
+        params.mem_buffer = self.pool.ptr
+        params.no_alloc = no_alloc
+        self.ptr = ggml_init(params)
+        self.mem_size = mem_size
+        self.no_alloc = no_alloc
+        self._deps = set()
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            ggml_free(self.ptr)
+            self.ptr = NULL
+
+    def close(self):
+        """Free the ggml_context (idempotent). Tensors of this context raise afterwards."""
+        if self.ptr != NULL:
+            ggml_free(self.ptr)
+            self.ptr = NULL
+        self.pool = None
+        self._deps = set()
+
+    @property
+    def closed(self):
+        return self.ptr == NULL
+
+    def __enter__(self):
+        _need_open(self, "Context")
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.ptr == NULL:
+            return "<pyggml.Context closed>"
+        return f"<pyggml.Context used={self.used_mem} mem_size={self.mem_size} no_alloc={bool(self.no_alloc)}>"
+
+    @property
+    def used_mem(self):
+        """Bytes of the pool in use (``ggml_used_mem``)."""
+        _need_open(self)
+        return ggml_used_mem(self.ptr)
+
+    cdef int _reserve(self, object nbytes, str what) except -1:
+        """Raise MemoryError unless a new object of ``nbytes`` fits (ggml_new_object's rule)."""
+        need = _OBJECT_SIZE + ((nbytes + GGML_MEM_ALIGN - 1) // GGML_MEM_ALIGN) * GGML_MEM_ALIGN
+        used = ggml_used_mem(self.ptr)
+        if used + need > self.mem_size:
+            raise MemoryError(f"{what} needs {need} bytes but the context has {self.mem_size - used} "
+                              f"of {self.mem_size} free")
+        return 0
+
+    cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs):
+        """Wrap a tensor this context just created from the tensors ``srcs``."""
+        cdef Tensor s
+        for s in srcs:
+            if s.ctx is not self:
+                self._deps.add(s.ctx)
+                self._deps.update(s.ctx._deps)
+        return _wrap(self, p)
+
+    cdef _Pool _pool_of(self, const void * data, size_t nbytes):
+        cdef Context c
+        if self.pool is not None and self.pool.contains(data, nbytes):
+            return self.pool
+        for c in self._deps:
+            if c.pool is not None and c.pool.contains(data, nbytes):
+                return c.pool
+        return None
+
+    cdef Context _owner_of(self, const void * p):
+        cdef Context c
+        if self.pool is not None and self.pool.contains(p, sizeof(ggml_tensor)):
+            return self
+        for c in self._deps:
+            if c.pool is not None and c.pool.contains(p, sizeof(ggml_tensor)):
+                return c
+        return None
+
+    def new_tensor(self, type, ne):
+        """new_tensor(type, ne) -> Tensor
+
+        A new tensor of ``type`` with ``ne`` elements per dimension, in ggml
+        order (fastest first, 1 to 4 values). Its data is uninitialised.
+        """
+        _need_open(self)
+        typ = _need_type_arg(type)
+        ne_t = _need_ne(ne)
+        nbytes = _data_nbytes(_ctype(typ), ne_t)
+        self._reserve(sizeof(ggml_tensor) + (0 if self.no_alloc else nbytes), "new_tensor")
+        cdef int64_t cne[4]
+        cdef int i
+        for i in range(len(ne_t)):
+            cne[i] = ne_t[i]
+        return _wrap(self, ggml_new_tensor(self.ptr, _ctype(typ), len(ne_t), cne))
+
+    def from_numpy(self, array):
+        """from_numpy(array) -> Tensor
+
+        A new tensor holding a copy of ``array`` (1 to 4 dims, a dtype with a
+        ggml type: float32, float16, float64, int8/16/32/64). ``ne`` is the
+        array's shape reversed.
+        """
+        _need_open(self)
+        arr = np.asarray(array)
+        dt = arr.dtype.newbyteorder("=") if arr.dtype.byteorder not in "=|" else arr.dtype
+        typ = _TYPE_OF_DTYPE.get(dt)
+        if typ is None:
+            raise TypeError(f"from_numpy: dtype {arr.dtype} has no ggml type; supported: "
+                            + ", ".join(str(d) for d in _TYPE_OF_DTYPE))
+        if not 1 <= arr.ndim <= GGML_MAX_DIMS:
+            raise ValueError(f"from_numpy: array must have 1 to {GGML_MAX_DIMS} dimensions, got {arr.ndim}")
+        if self.no_alloc:
+            raise ValueError("from_numpy: the context was created with no_alloc=True")
+        cdef Tensor t = self.new_tensor(typ, arr.shape[::-1])
+        np.copyto(t._view(arr.ndim), arr, casting="no" if dt == arr.dtype else "equiv")
+        return t
+
+
+cdef object _need_type_arg(object typ):
+    if isinstance(typ, bool) or not hasattr(typ, "__index__"):
+        raise TypeError(f"type must be a pyggml.Type, not {type(typ).__name__}")
+    try:
+        return Type(typ.__index__())
+    except ValueError:
+        raise ValueError(f"type={typ!r} is not a ggml type pyggml supports") from None
+
+
+# --- Tensor ------------------------------------------------------------------
+
+cdef inline Tensor _wrap(Context ctx, ggml_tensor * p):
+    cdef Tensor t = Tensor.__new__(Tensor)
+    t.ptr = p
+    t.ctx = ctx
+    return t
+
+
+@cython.final
+cdef class Tensor:
+    """A ggml tensor in a :class:`Context`. Made by ``Context.new_tensor``,
+    ``Context.from_numpy`` and the ops; not constructed directly.
+
+    ``ne``/``nb`` are ggml order (fastest first; elements / bytes);
+    ``shape`` is numpy order.
+    """
+    cdef ggml_tensor * ptr
+    cdef readonly Context ctx
+
+    def __init__(self):
+        raise TypeError("Tensors are made by Context.new_tensor, Context.from_numpy or an op")
+
+    cdef inline int _check(self) except -1:
+        if self.ctx.ptr == NULL:
+            raise ValueError("tensor used after its context was closed")
+        return 0
+
+    def __eq__(self, other):
+        return type(other) is Tensor and (<Tensor>other).ptr == self.ptr
+
+    def __hash__(self):
+        return hash(<uintptr_t>self.ptr)
+
+    def __repr__(self):
+        if self.ctx.ptr == NULL:
+            return "<pyggml.Tensor (context closed)>"
+        return f"<pyggml.Tensor {self.name!r} {Type(self.ptr.type).name} ne={self.ne} op={self.op}>"
+
+    @property
+    def type(self):
+        self._check()
+        return Type(self.ptr.type)
+
+    @property
+    def ne(self):
+        """Elements per dimension, ggml order (4-tuple)."""
+        self._check()
+        return (self.ptr.ne[0], self.ptr.ne[1], self.ptr.ne[2], self.ptr.ne[3])
+
+    @property
+    def nb(self):
+        """Stride per dimension in bytes, ggml order (4-tuple)."""
+        self._check()
+        return (self.ptr.nb[0], self.ptr.nb[1], self.ptr.nb[2], self.ptr.nb[3])
+
+    @property
+    def n_dims(self):
+        """``ggml_n_dims``: 1 + the index of the last dimension with ne > 1 (1 for scalars)."""
+        self._check()
+        return ggml_n_dims(self.ptr)
+
+    @property
+    def shape(self):
+        """numpy-order shape: ``ne[:n_dims]`` reversed."""
+        self._check()
+        cdef int n = ggml_n_dims(self.ptr)
+        return tuple(self.ptr.ne[i] for i in range(n - 1, -1, -1))
+
+    @property
+    def nelements(self):
+        self._check()
+        return ggml_nelements(self.ptr)
+
+    @property
+    def nbytes(self):
+        self._check()
+        return ggml_nbytes(self.ptr)
+
+    @property
+    def name(self):
+        self._check()
+        return self.ptr.name[:strlen(self.ptr.name)].decode("utf-8", "replace")
+
+    @name.setter
+    def name(self, value):
+        self._check()
+        if not isinstance(value, str):
+            raise TypeError(f"name must be a str, not {type(value).__name__}")
+        b = value.encode()
+        if len(b) >= GGML_MAX_NAME or b"\0" in b:
+            raise ValueError(f"name must be at most {GGML_MAX_NAME - 1} UTF-8 bytes without NUL, got {len(b)}")
+        ggml_set_name(self.ptr, PyBytes_AsString(b))
+
+    @property
+    def op(self):
+        """The op that makes this tensor, as ggml names it (``ggml_op_name``), e.g. ``"ADD"``."""
+        self._check()
+        return ggml_op_name(self.ptr.op).decode()
+
+    @property
+    def op_params(self):
+        """The first ``GGML_MAX_OP_PARAMS // 4`` int32 op parameters."""
+        self._check()
+        return tuple(self.ptr.op_params[i] for i in range(GGML_MAX_OP_PARAMS // 4))
+
+    @property
+    def flags(self):
+        self._check()
+        return self.ptr.flags
+
+    @property
+    def src(self):
+        """The source tensors (``src[0..]`` up to the last non-NULL)."""
+        self._check()
+        cdef int i, last = -1
+        for i in range(GGML_MAX_SRC):
+            if self.ptr.src[i] != NULL:
+                last = i
+        return tuple(self._related(self.ptr.src[i]) for i in range(last + 1))
+
+    @property
+    def view_src(self):
+        self._check()
+        return self._related(self.ptr.view_src)
+
+    @property
+    def view_offs(self):
+        self._check()
+        return self.ptr.view_offs
+
+    cdef object _related(self, ggml_tensor * p):
+        if p == NULL:
+            return None
+        cdef Context owner = self.ctx._owner_of(p)
+        if owner is None:
+            raise RuntimeError("source tensor belongs to no context pyggml knows")
+        return _wrap(owner, p)
+
+    @property
+    def data_ptr(self):
+        """Address of the tensor's data (0 for no data)."""
+        self._check()
+        return <uintptr_t>self.ptr.data
+
+    cdef object _view(self, int nd):
+        """Zero-copy ndarray over the data with the first ``nd`` ggml dims (numpy order)."""
+        self._check()
+        cdef ggml_tensor * p = self.ptr
+        typenum = _NPY_TYPENUM.get(p.type)
+        if typenum is None:
+            raise TypeError(f"numpy: type {Type(p.type).name} has no numpy dtype (quantized blocks)")
+        if p.data == NULL:
+            raise ValueError("numpy: the tensor has no data (its context was created with no_alloc=True)")
+        cdef cnp.npy_intp dims[4]
+        cdef cnp.npy_intp strides[4]
+        cdef int i
+        cdef size_t span = ggml_type_size(p.type)
+        for i in range(nd):
+            dims[nd - 1 - i] = p.ne[i]
+            strides[nd - 1 - i] = p.nb[i]
+            if p.ne[i] == 0:
+                span = 0
+        if span:
+            for i in range(GGML_MAX_DIMS):
+                span += (p.ne[i] - 1) * p.nb[i]
+        cdef _Pool pool = self.ctx._pool_of(p.data, span)
+        if pool is None:
+            raise ValueError("numpy: the tensor's data lies outside the memory of its contexts")
+        arr = cnp.PyArray_New(np.ndarray, nd, dims, typenum, strides, p.data,
+                              ggml_type_size(p.type), cnp.NPY_ARRAY_WRITEABLE, None)
+        cnp.set_array_base(arr, pool)
+        return arr
+
+    def numpy(self):
+        """numpy() -> ndarray
+
+        A zero-copy, writable view of the tensor's data, shaped ``self.shape``
+        with strides ``nb`` reversed. Its ``base`` keeps the memory alive, also
+        after the context is closed. BF16 data is shown as ``uint16`` bits.
+        """
+        self._check()
+        return self._view(ggml_n_dims(self.ptr))
+
+
+# --- ops -----------------------------------------------------------------------
+# One function per ggml op, named as in C without the prefix, ctx first.
+
+cdef inline Tensor _dup_result(Context ctx, Tensor a, str op):
+    """Check room for a new tensor shaped like ``a`` (ggml_dup_tensor)."""
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
+                                        _data_nbytes(a.ptr.type, (a.ptr.ne[0], a.ptr.ne[1], a.ptr.ne[2], a.ptr.ne[3]))), op)
+    return a
+
+
+cdef inline _view_result(Context ctx, str op):
+    """Check room for a view (a tensor header, no data)."""
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor), op)
+
+
+cdef Tensor _binary(Context ctx, object a_, object b_, str op):
+    cdef Tensor a = _need_tensor(a_, "a"), b = _need_tensor(b_, "b")
+    _need_type(a, "a", op, _F32)
+    _need_type(b, "b", op, _F32)
+    _need_rows_contiguous(a, "a", op)
+    _need_rows_contiguous(b, "b", op)
+    _need_can_repeat(b, a, "b", "a", op)
+    _dup_result(ctx, a, op)
+    return a
+
+
+def add(Context ctx, a, b):
+    """add(ctx, a, b) -> Tensor: a + b, b broadcast to a's shape. F32."""
+    _binary(ctx, a, b, "add")
+    return ctx._adopt(ggml_add(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
+
+
+def sub(Context ctx, a, b):
+    """sub(ctx, a, b) -> Tensor: a - b, b broadcast to a's shape. F32."""
+    _binary(ctx, a, b, "sub")
+    return ctx._adopt(ggml_sub(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
+
+
+def mul(Context ctx, a, b):
+    """mul(ctx, a, b) -> Tensor: a * b elementwise, b broadcast to a's shape. F32."""
+    _binary(ctx, a, b, "mul")
+    return ctx._adopt(ggml_mul(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
+
+
+def div(Context ctx, a, b):
+    """div(ctx, a, b) -> Tensor: a / b elementwise, b broadcast to a's shape. F32."""
+    _binary(ctx, a, b, "div")
+    return ctx._adopt(ggml_div(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
+
+
+cdef Tensor _unary(Context ctx, object a_, str op, bint contiguous=False):
+    cdef Tensor a = _need_tensor(a_, "a")
+    _need_type(a, "a", op, _F32)
+    if contiguous:
+        _need_contiguous(a, "a", op)
+    else:
+        _need_rows_contiguous(a, "a", op)
+    _dup_result(ctx, a, op)
+    return a
+
+
+def scale(Context ctx, a, float s):
+    """scale(ctx, a, s) -> Tensor: a * s. F32, contiguous."""
+    _unary(ctx, a, "scale", True)
+    return ctx._adopt(ggml_scale(ctx.ptr, (<Tensor>a).ptr, s), (a,))
+
+
+def sqr(Context ctx, a):
+    """sqr(ctx, a) -> Tensor: a * a. F32."""
+    _unary(ctx, a, "sqr")
+    return ctx._adopt(ggml_sqr(ctx.ptr, (<Tensor>a).ptr), (a,))
+
+
+def sqrt(Context ctx, a):
+    """sqrt(ctx, a) -> Tensor: elementwise square root. F32."""
+    _unary(ctx, a, "sqrt")
+    return ctx._adopt(ggml_sqrt(ctx.ptr, (<Tensor>a).ptr), (a,))
+
+
+def soft_max(Context ctx, a):
+    """soft_max(ctx, a) -> Tensor: softmax along ne[0] (numpy's last axis). F32, contiguous."""
+    _unary(ctx, a, "soft_max", True)
+    return ctx._adopt(ggml_soft_max(ctx.ptr, (<Tensor>a).ptr), (a,))
+
+
+def diag_mask_inf(Context ctx, a, n_past):
+    """diag_mask_inf(ctx, a, n_past) -> Tensor
+
+    Sets element (row i, column j) to -inf where ``j > n_past + i``. F32, contiguous, n_past >= 0.
+    """
+    cdef int n = _need_int32(n_past, "n_past", 0)
+    _unary(ctx, a, "diag_mask_inf", True)
+    return ctx._adopt(ggml_diag_mask_inf(ctx.ptr, (<Tensor>a).ptr, n), (a,))
+
+
+def sum(Context ctx, a):
+    """sum(ctx, a) -> Tensor: the sum of all elements, a 1-element tensor of a's type. F32, F16, BF16."""
+    cdef Tensor t = _need_tensor(a, "a")
+    _need_type(t, "a", "sum", FLOAT_TYPES)
+    _need_rows_contiguous(t, "a", "sum")
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else ggml_type_size(t.ptr.type)), "sum")
+    return ctx._adopt(ggml_sum(ctx.ptr, t.ptr), (a,))
+
+
+def mean(Context ctx, a):
+    """mean(ctx, a) -> Tensor: the mean of each row (along ne[0]); ne = (1, ne1, ne2, ne3). F32."""
+    cdef Tensor t = _need_tensor(a, "a")
+    _need_type(t, "a", "mean", _F32)
+    _need_rows_contiguous(t, "a", "mean")
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
+                                        4 * t.ptr.ne[1] * t.ptr.ne[2] * t.ptr.ne[3]), "mean")
+    return ctx._adopt(ggml_mean(ctx.ptr, t.ptr), (a,))
+
+
+def repeat(Context ctx, a, b):
+    """repeat(ctx, a, b) -> Tensor: a tiled to b's shape (each b.ne[i] a multiple of a.ne[i])."""
+    cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
+    _need_type(ta, "a", "repeat", FLOAT_TYPES | {Type.I32, Type.I16})
+    _need_rows_contiguous(ta, "a", "repeat")
+    _need_can_repeat(ta, tb, "a", "b", "repeat")
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
+                                        _data_nbytes(ta.ptr.type, tb.ne)), "repeat")
+    return ctx._adopt(ggml_repeat(ctx.ptr, ta.ptr, tb.ptr), (a, b))
+
+
+def mul_mat(Context ctx, a, b):
+    """mul_mat(ctx, a, b) -> Tensor
+
+    ggml's matrix product: ``result[i3,i2,i1,i0] = sum_k a[.., i0, k] * b[.., i1, k]``,
+    i.e. in numpy terms ``b @ a.T`` per batch, a broadcast over b's batch dims.
+    Result ne = (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), F32.
+    a: F32, F16 or BF16, not transposed; b: F32; a.ne[0] == b.ne[0];
+    b.ne[2] and b.ne[3] multiples of a.ne[2] and a.ne[3].
+    """
+    cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
+    _need_type(ta, "a", "mul_mat", FLOAT_TYPES)
+    _need_type(tb, "b", "mul_mat", _F32)
+    if ta.ptr.ne[0] != tb.ptr.ne[0]:
+        raise ValueError(f"mul_mat: a.ne[0]={ta.ptr.ne[0]} must equal b.ne[0]={tb.ptr.ne[0]}")
+    for i in (2, 3):
+        if ta.ptr.ne[i] == 0 or tb.ptr.ne[i] % ta.ptr.ne[i] != 0:
+            raise ValueError(f"mul_mat: b.ne[{i}]={tb.ptr.ne[i]} must be a multiple of a.ne[{i}]={ta.ptr.ne[i]}")
+    if ggml_is_transposed(ta.ptr):
+        raise ValueError(f"mul_mat: a must not be transposed (nb[0] > nb[1]), got nb={ta.nb}; use cont()")
+    _need_rows_contiguous(ta, "a", "mul_mat")
+    _need_rows_contiguous(tb, "b", "mul_mat")
+    _need_open(ctx)
+    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
+                                        4 * ta.ptr.ne[1] * tb.ptr.ne[1] * tb.ptr.ne[2] * tb.ptr.ne[3]), "mul_mat")
+    return ctx._adopt(ggml_mul_mat(ctx.ptr, ta.ptr, tb.ptr), (a, b))
+
+
+def transpose(Context ctx, a):
+    """transpose(ctx, a) -> Tensor: a view with dims 0 and 1 swapped."""
+    _need_tensor(a, "a")
+    _view_result(ctx, "transpose")
+    return ctx._adopt(ggml_transpose(ctx.ptr, (<Tensor>a).ptr), (a,))
+
+
+def permute(Context ctx, a, axis0, axis1, axis2, axis3):
+    """permute(ctx, a, axis0, axis1, axis2, axis3) -> Tensor
+
+    A view where source dim i becomes dim ``axis_i`` (ggml order); the axes are
+    a permutation of 0..3.
+    """
+    _need_tensor(a, "a")
+    axes = [_need_int32(x, f"axis{i}") for i, x in enumerate((axis0, axis1, axis2, axis3))]
+    if sorted(axes) != [0, 1, 2, 3]:
+        raise ValueError(f"permute: axes {tuple(axes)} must be a permutation of (0, 1, 2, 3)")
+    _view_result(ctx, "permute")
+    return ctx._adopt(ggml_permute(ctx.ptr, (<Tensor>a).ptr, axes[0], axes[1], axes[2], axes[3]), (a,))
+
+
+def reshape(Context ctx, a, b):
+    """reshape(ctx, a, b) -> Tensor: a view of contiguous a with b's ne."""
+    cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
+    _need_contiguous(ta, "a", "reshape")
+    _need_same_nelements(ta, tb, "reshape")
+    _view_result(ctx, "reshape")
+    return ctx._adopt(ggml_reshape(ctx.ptr, ta.ptr, tb.ptr), (a, b))
+
+
+cdef Tensor _reshape_nd(Context ctx, object a, tuple ne):
+    cdef Tensor ta = _need_tensor(a, "a")
+    ne = _need_ne(ne)
+    _need_contiguous(ta, "a", "reshape")
+    n = 1
+    for v in ne:
+        n *= v
+    if n != ggml_nelements(ta.ptr):
+        raise ValueError(f"reshape: a has {ggml_nelements(ta.ptr)} elements (ne={ta.ne}), new ne={ne} has {n}")
+    _view_result(ctx, "reshape")
+    ne = ne + (1,) * (4 - len(ne))
+    # ggml_reshape_4d gives 4 dims; ggml_n_dims ignores trailing ones, so this matches reshape_1d..3d
+    return ctx._adopt(ggml_reshape_4d(ctx.ptr, ta.ptr, ne[0], ne[1], ne[2], ne[3]), (a,))
+
+
+def reshape_1d(Context ctx, a, ne0):
+    """reshape_1d(ctx, a, ne0) -> Tensor"""
+    return _reshape_nd(ctx, a, (ne0,))
+
+
+def reshape_2d(Context ctx, a, ne0, ne1):
+    """reshape_2d(ctx, a, ne0, ne1) -> Tensor"""
+    return _reshape_nd(ctx, a, (ne0, ne1))
+
+
+def reshape_3d(Context ctx, a, ne0, ne1, ne2):
+    """reshape_3d(ctx, a, ne0, ne1, ne2) -> Tensor"""
+    return _reshape_nd(ctx, a, (ne0, ne1, ne2))
+
+
+def reshape_4d(Context ctx, a, ne0, ne1, ne2, ne3):
+    """reshape_4d(ctx, a, ne0, ne1, ne2, ne3) -> Tensor"""
+    return _reshape_nd(ctx, a, (ne0, ne1, ne2, ne3))
+
+
+cdef Tensor _view_nd(Context ctx, object a, tuple ne, tuple nb, object offset):
+    """ggml_view_Nd with strides nb (bytes, for dims 1..) at byte ``offset``.
+
+    ggml checks only that a contiguous block of the view's size fits; pyggml also
+    checks that the last element the strides reach lies inside ``a``'s base
+    tensor, so no view (and no numpy array over it) reaches foreign memory.
+    """
+    cdef Tensor ta = _need_tensor(a, "a")
+    ne = _need_ne(ne)
+    if isinstance(offset, bool) or not hasattr(offset, "__index__"):
+        raise TypeError(f"offset must be an int (bytes), not {type(offset).__name__}")
+    offset = offset.__index__()
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0 bytes, got {offset}")
+    for i, v in enumerate(nb):
+        if isinstance(v, bool) or not hasattr(v, "__index__") or v.__index__() < 0:
+            raise ValueError(f"nb{i + 1} must be an int >= 0 (bytes), got {v!r}")
+    nb = tuple(v.__index__() for v in nb)
+    cdef ggml_type typ = ta.ptr.type
+    if ggml_is_quantized(typ):
+        raise TypeError(f"view: type {Type(typ).name} is quantized; pyggml views only plain types")
+    tsize = ggml_type_size(typ)
+    full_nb = (tsize,) + nb
+    # ggml's defaults for the unspecified strides: contiguous continuation
+    while len(full_nb) < 4:
+        k = len(full_nb)
+        full_nb = full_nb + (full_nb[k - 1] * ne[k - 1] if k - 1 < len(ne) else full_nb[k - 1],)
+    ne4 = ne + (1,) * (4 - len(ne))
+    cdef ggml_tensor * base = ta.ptr.view_src if ta.ptr.view_src != NULL else ta.ptr
+    base_offs = ta.ptr.view_offs if ta.ptr.view_src != NULL else 0
+    base_nbytes = ggml_nbytes(base)
+    data_size = tsize
+    for v in ne:
+        data_size *= v
+    if base_offs + offset + data_size > base_nbytes:
+        raise ValueError(f"view: {data_size} bytes at offset {offset} exceed a's data "
+                         f"({base_nbytes - base_offs} bytes from a's start)")
+    if data_size:
+        last = offset + tsize + sum((n - 1) * s for n, s in zip(ne4, full_nb))
+        if base_offs + last > base_nbytes:
+            raise ValueError(f"view: ne={ne} with nb={full_nb} reaches byte {last} past a's start, "
+                             f"beyond its data ({base_nbytes - base_offs} bytes)")
+    _view_result(ctx, "view")
+    cdef Tensor r = ctx._adopt(ggml_view_4d(ctx.ptr, ta.ptr, ne4[0], ne4[1], ne4[2], ne4[3],
+                                            full_nb[1], full_nb[2], full_nb[3], offset), (a,))
+    return r
+
+
+def view_1d(Context ctx, a, ne0, offset):
+    """view_1d(ctx, a, ne0, offset) -> Tensor: ne0 elements of a from byte ``offset``."""
+    return _view_nd(ctx, a, (ne0,), (), offset)
+
+
+def view_2d(Context ctx, a, ne0, ne1, nb1, offset):
+    """view_2d(ctx, a, ne0, ne1, nb1, offset) -> Tensor (strides in bytes)"""
+    return _view_nd(ctx, a, (ne0, ne1), (nb1,), offset)
+
+
+def view_3d(Context ctx, a, ne0, ne1, ne2, nb1, nb2, offset):
+    """view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset) -> Tensor (strides in bytes)"""
+    return _view_nd(ctx, a, (ne0, ne1, ne2), (nb1, nb2), offset)
+
+
+def view_4d(Context ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
+    """view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset) -> Tensor (strides in bytes)"""
+    return _view_nd(ctx, a, (ne0, ne1, ne2, ne3), (nb1, nb2, nb3), offset)
+
+
+_DUP_TYPES = FLOAT_TYPES
+
+
+def cont(Context ctx, a):
+    """cont(ctx, a) -> Tensor: a contiguous copy of a. F32, F16, BF16."""
+    cdef Tensor t = _need_tensor(a, "a")
+    _need_type(t, "a", "cont", _DUP_TYPES)
+    _dup_result(ctx, t, "cont")
+    return ctx._adopt(ggml_cont(ctx.ptr, t.ptr), (a,))
+
+
+def cpy(Context ctx, a, b):
+    """cpy(ctx, a, b) -> Tensor
+
+    Copies a into b (converting between F32, F16 and BF16); returns a view of b
+    that, when computed, performs the copy. a and b must have the same number of elements.
+    """
+    cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
+    _need_type(ta, "a", "cpy", _DUP_TYPES)
+    _need_type(tb, "b", "cpy", _DUP_TYPES)
+    _need_same_nelements(ta, tb, "cpy")
+    _view_result(ctx, "cpy")
+    return ctx._adopt(ggml_cpy(ctx.ptr, ta.ptr, tb.ptr), (a, b))
+
+
+# --- Graph ----------------------------------------------------------------------
+
+cdef int _default_threads():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+DEFAULT_N_THREADS = _default_threads()
+MAX_N_THREADS = 512   # GGML_MAX_N_THREADS in ggml-cpu (not in a public header)
+
+
+@cython.final
+cdef class Graph:
+    """Graph(ctx, size=DEFAULT_GRAPH_SIZE, grads=False)
+
+    A computation graph (``ggml_new_graph_custom``) allocated in ``ctx``, with
+    room for ``size`` nodes and ``size`` leafs.
+    """
+    cdef ggml_cgraph * ptr
+    cdef readonly Context ctx
+    cdef readonly size_t size
+    cdef readonly bint grads
+    cdef set _seen          # tensors (addresses) already in the graph
+    cdef set _ctxs          # contexts whose tensors the graph reaches
+    cdef int _n_nodes, _n_leafs
+    cdef object _unallocated  # first tensor without data, or None
+    cdef bint _busy
+
+    def __cinit__(self, Context ctx, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
+        self.ptr = NULL
+        _need_open(ctx)
+        if isinstance(size, bool) or not hasattr(size, "__index__"):
+            raise TypeError(f"size must be an int, not {type(size).__name__}")
+        size = size.__index__()
+        if not 1 <= size <= (1 << 30):
+            raise ValueError(f"size must be in [1, 2**30], got {size}")
+        need = ggml_graph_overhead_custom(size, grads)
+        used = ggml_used_mem(ctx.ptr)
+        if used + need > ctx.mem_size:
+            raise MemoryError(f"Graph(size={size}) needs {need} bytes but the context has "
+                              f"{ctx.mem_size - used} of {ctx.mem_size} free")
+        self.ptr = ggml_new_graph_custom(ctx.ptr, size, grads)
+        self.ctx = ctx
+        self.size = size
+        self.grads = grads
+        self._seen = set()
+        self._ctxs = {ctx}
+        self._n_nodes = 0
+        self._n_leafs = 0
+        self._unallocated = None
+
+    @staticmethod
+    def overhead(size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
+        """Bytes a Graph of ``size`` takes in its context (``ggml_graph_overhead_custom``)."""
+        return ggml_graph_overhead_custom(size, grads)
+
+    cdef int _check(self) except -1:
+        cdef Context c
+        for c in self._ctxs:
+            if c.ptr == NULL:
+                raise ValueError("graph used after a context it uses was closed")
+        return 0
+
+    def build_forward_expand(self, t):
+        """build_forward_expand(t): add ``t`` and everything it depends on to the graph."""
+        self._check()
+        cdef Tensor tensor = _need_tensor(t, "t")
+        cdef list stack = [<uintptr_t>tensor.ptr]
+        cdef set new = set()
+        cdef int new_nodes = 0, new_leafs = 0, i
+        cdef ggml_tensor * p
+        unallocated = None
+        while stack:
+            addr = stack.pop()
+            if addr in self._seen or addr in new:
+                continue
+            new.add(addr)
+            p = <ggml_tensor *><uintptr_t>addr
+            if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
+                new_leafs += 1
+            else:
+                new_nodes += 1
+            if p.data == NULL and unallocated is None:
+                unallocated = addr
+            for i in range(GGML_MAX_SRC):
+                if p.src[i] != NULL:
+                    stack.append(<uintptr_t>p.src[i])
+        if self._n_nodes + new_nodes > <int>self.size or self._n_leafs + new_leafs > <int>self.size:
+            raise ValueError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} nodes "
+                             f"and {self._n_leafs + new_leafs} leafs; its size is {self.size}")
+        ggml_build_forward_expand(self.ptr, tensor.ptr)
+        self._seen |= new
+        self._n_nodes += new_nodes
+        self._n_leafs += new_leafs
+        if self._unallocated is None and unallocated is not None:
+            self._unallocated = unallocated
+        self._ctxs.add(tensor.ctx)
+        self._ctxs.update(tensor.ctx._deps)
+
+    @property
+    def n_nodes(self):
+        self._check()
+        return ggml_graph_n_nodes(self.ptr)
+
+    @property
+    def nodes(self):
+        """The graph's nodes in execution order."""
+        self._check()
+        cdef int i, n = ggml_graph_n_nodes(self.ptr)
+        return [self._tensor(ggml_graph_node(self.ptr, i)) for i in range(n)]
+
+    cdef object _tensor(self, ggml_tensor * p):
+        cdef Context c
+        for c in self._ctxs:
+            if c.pool is not None and c.pool.contains(p, sizeof(ggml_tensor)):
+                return _wrap(c, p)
+        raise RuntimeError("graph node belongs to no context pyggml knows")
+
+    def compute(self, n_threads=None):
+        """compute(n_threads=None)
+
+        Compute the graph on the CPU with ``n_threads`` threads (default: the
+        CPUs this process may use), the GIL released. The work buffer is
+        allocated by pyggml (``ggml_graph_plan``), not taken from the context.
+        Raises RuntimeError when ggml reports a non-success status.
+        """
+        self._check()
+        cdef int n
+        if n_threads is None:
+            n = DEFAULT_N_THREADS
+        else:
+            n = _need_int32(n_threads, "n_threads", 1)
+            if n > MAX_N_THREADS:
+                raise ValueError(f"n_threads must be in [1, {MAX_N_THREADS}], got {n}")
+        if self._unallocated is not None:
+            raise ValueError("compute: the graph has tensors without data (from a no_alloc context)")
+        if self._busy:
+            raise RuntimeError("compute: this graph is already being computed in another thread")
+        # keep every pool the graph touches alive while the GIL is released
+        cdef list pools = []
+        cdef Context c
+        for c in self._ctxs:
+            pools.append(c.pool)
+        cdef ggml_cplan plan = ggml_graph_plan(self.ptr, n, NULL)
+        cdef _Pool work = None
+        if plan.work_size > 0:
+            work = _Pool(plan.work_size)
+            plan.work_data = <uint8_t *>work.ptr
+        cdef ggml_status status
+        self._busy = True
+        try:
+            with nogil:
+                status = ggml_graph_compute(self.ptr, &plan)
+        finally:
+            self._busy = False
+        if status != GGML_STATUS_SUCCESS:
+            raise RuntimeError(f"ggml_graph_compute failed: {ggml_status_to_string(status).decode()}")

@@ -1,0 +1,143 @@
+# cython: language_level=3
+# Raw C declarations of the parts of ggml that pyggml uses: ggml.h and ggml-cpu.h.
+# Nothing here has behaviour; values of enums and macros come from the headers
+# the extension is compiled against (never typed in), so the same .pxd builds
+# against any ggml release that has these names.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+cdef extern from "ggml.h" nogil:
+    enum:
+        GGML_MAX_DIMS
+        GGML_MAX_SRC
+        GGML_MAX_OP_PARAMS
+        GGML_MAX_NAME
+        GGML_MEM_ALIGN
+        GGML_DEFAULT_GRAPH_SIZE
+
+    enum ggml_status:
+        GGML_STATUS_ALLOC_FAILED
+        GGML_STATUS_FAILED
+        GGML_STATUS_SUCCESS
+        GGML_STATUS_ABORTED
+
+    enum ggml_type:
+        GGML_TYPE_F32
+        GGML_TYPE_F16
+        GGML_TYPE_Q4_0
+        GGML_TYPE_Q4_1
+        GGML_TYPE_Q5_0
+        GGML_TYPE_Q5_1
+        GGML_TYPE_Q8_0
+        GGML_TYPE_I8
+        GGML_TYPE_I16
+        GGML_TYPE_I32
+        GGML_TYPE_I64
+        GGML_TYPE_F64
+        GGML_TYPE_BF16
+        GGML_TYPE_COUNT
+
+    enum ggml_op:
+        GGML_OP_NONE
+        GGML_OP_FLASH_ATTN_BACK
+        GGML_OP_COUNT
+
+    enum ggml_tensor_flag:
+        GGML_TENSOR_FLAG_INPUT
+        GGML_TENSOR_FLAG_OUTPUT
+        GGML_TENSOR_FLAG_PARAM
+        GGML_TENSOR_FLAG_LOSS
+
+    struct ggml_context:
+        pass
+
+    struct ggml_cgraph:
+        pass
+
+    struct ggml_init_params:
+        size_t mem_size
+        void * mem_buffer
+        bint   no_alloc
+
+    struct ggml_tensor:
+        ggml_type type
+        int64_t ne[GGML_MAX_DIMS]
+        size_t  nb[GGML_MAX_DIMS]
+        ggml_op op
+        int32_t op_params[1]     # really GGML_MAX_OP_PARAMS / 4 entries
+        int32_t flags
+        ggml_tensor * src[GGML_MAX_SRC]
+        ggml_tensor * view_src
+        size_t view_offs
+        void * data
+        char name[GGML_MAX_NAME]
+
+    const char * c_ggml_version "ggml_version"()   # renamed: pyggml.ggml_version is the Python function
+    const char * ggml_commit()
+    const char * ggml_status_to_string(ggml_status status)
+
+    ggml_context * ggml_init(ggml_init_params params)
+    void ggml_free(ggml_context * ctx)
+    size_t ggml_used_mem(const ggml_context * ctx)
+    size_t ggml_tensor_overhead()
+    size_t ggml_graph_overhead_custom(size_t size, bint grads)
+
+    int64_t ggml_nelements(const ggml_tensor * tensor)
+    size_t ggml_nbytes(const ggml_tensor * tensor)
+    int64_t ggml_blck_size(ggml_type type)
+    size_t ggml_type_size(ggml_type type)
+    size_t ggml_row_size(ggml_type type, int64_t ne)
+    const char * ggml_type_name(ggml_type type)
+    const char * ggml_op_name(ggml_op op)
+    bint ggml_is_quantized(ggml_type type)
+    bint ggml_is_transposed(const ggml_tensor * tensor)
+    bint ggml_is_contiguous(const ggml_tensor * tensor)
+    int ggml_n_dims(const ggml_tensor * tensor)
+
+    ggml_tensor * ggml_new_tensor(ggml_context * ctx, ggml_type type, int n_dims, const int64_t * ne)
+    ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)
+    void ggml_set_param(ggml_tensor * tensor)
+    void ggml_set_loss(ggml_tensor * tensor)
+
+    ggml_tensor * ggml_add(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_sub(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_mul(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_div(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_scale(ggml_context * ctx, ggml_tensor * a, float s)
+    ggml_tensor * ggml_sqr(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_sqrt(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_sum(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_mean(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_repeat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_soft_max(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_diag_mask_inf(ggml_context * ctx, ggml_tensor * a, int n_past)
+    ggml_tensor * ggml_transpose(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_permute(ggml_context * ctx, ggml_tensor * a, int axis0, int axis1, int axis2, int axis3)
+    ggml_tensor * ggml_reshape(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_reshape_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
+    ggml_tensor * ggml_view_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                               size_t nb1, size_t nb2, size_t nb3, size_t offset)
+    ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+
+    ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
+    void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
+    void ggml_build_backward_expand(ggml_context * ctx, ggml_cgraph * cgraph, ggml_tensor ** grad_accs)
+    int ggml_graph_n_nodes(ggml_cgraph * cgraph)
+    ggml_tensor * ggml_graph_node(ggml_cgraph * cgraph, int i)
+    ggml_tensor * ggml_graph_get_grad(const ggml_cgraph * cgraph, const ggml_tensor * node)
+    void ggml_graph_reset(ggml_cgraph * cgraph)
+
+
+cdef extern from "ggml-cpu.h" nogil:
+    struct ggml_threadpool:
+        pass
+
+    struct ggml_cplan:
+        size_t work_size
+        uint8_t * work_data
+        int n_threads
+
+    ggml_cplan ggml_graph_plan(const ggml_cgraph * cgraph, int n_threads, ggml_threadpool * threadpool)
+    ggml_status ggml_graph_compute(ggml_cgraph * cgraph, ggml_cplan * cplan)
