@@ -20,8 +20,8 @@ Ownership
 
 cimport cython
 from cpython.bytes cimport PyBytes_AsString
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
-from libc.stdlib cimport free
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport strlen
 
 cimport numpy as cnp
@@ -109,10 +109,17 @@ _NUMPY_DTYPE = {
 # BF16 is not reachable from a numpy dtype: uint16 bits are not bfloat16 numbers.
 _TYPE_OF_DTYPE = {dt: t for t, dt in _NUMPY_DTYPE.items() if t != Type.BF16}
 
+cdef frozenset _TYPE_VALUES = frozenset(int(t) for t in Type)
 cdef dict _NPY_TYPENUM = {t: dt.num for t, dt in _NUMPY_DTYPE.items()}
 
-FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
-_F32 = frozenset({Type.F32})
+# Type sets for the checks, as bit masks over ggml_type (GGML_TYPE_COUNT < 64).
+cdef inline uint64_t _bit(ggml_type t):
+    return (<uint64_t>1) << <int>t
+
+cdef uint64_t _F32 = _bit(GGML_TYPE_F32)
+cdef uint64_t _FLOATS = _F32 | _bit(GGML_TYPE_F16) | _bit(GGML_TYPE_BF16)
+cdef uint64_t _REPEAT_TYPES = _FLOATS | _bit(GGML_TYPE_I32) | _bit(GGML_TYPE_I16)
+assert GGML_TYPE_COUNT <= 64
 
 
 def ggml_version():
@@ -178,10 +185,11 @@ cdef inline _need_open(Context ctx, str arg="ctx"):
         raise ValueError(f"{arg}: the context is closed")
 
 
-cdef _need_type(Tensor t, str arg, str op, types):
-    if t.ptr.type not in types:
-        names = ", ".join(sorted(Type(x).name for x in types))
+cdef inline int _need_type(Tensor t, str arg, str op, uint64_t types) except -1:
+    if not (types >> <int>t.ptr.type) & 1:
+        names = ", ".join(x.name for x in Type if (types >> int(x)) & 1)
         raise TypeError(f"{op}: {arg} has type {Type(t.ptr.type).name}; supported: {names}")
+    return 0
 
 
 cdef _need_rows_contiguous(Tensor t, str arg, str op):
@@ -219,28 +227,64 @@ cdef _need_same_nelements(Tensor a, Tensor b, str op):
                          f"b has {ggml_nelements(b.ptr)} (ne={b.ne})")
 
 
-cdef tuple _need_ne(object ne, str arg="ne"):
-    """A ggml shape: 1 to GGML_MAX_DIMS non-negative ints whose product fits int64."""
-    try:
-        vals = tuple(ne)
-    except TypeError:
-        raise TypeError(f"{arg} must be a sequence of ints, not {type(ne).__name__}") from None
-    if not 1 <= len(vals) <= GGML_MAX_DIMS:
-        raise ValueError(f"{arg} must have 1 to {GGML_MAX_DIMS} values (ggml order, fastest first), got {len(vals)}")
-    out = []
-    for i, v in enumerate(vals):
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
-            raise TypeError(f"{arg}[{i}] must be an int, not {type(v).__name__}")
-        v = v.__index__()
-        if v < 0:
+cdef int _need_ne_c(object ne, int64_t * out, str arg="ne") except -1:
+    """A ggml shape: 1 to GGML_MAX_DIMS ints >= 0 whose product fits int64.
+
+    Fills ``out[0..3]`` (unused dims = 1) and returns the number of values given.
+    """
+    cdef tuple vals
+    if type(ne) is tuple:
+        vals = <tuple>ne
+    else:
+        try:
+            vals = tuple(ne)
+        except TypeError:
+            raise TypeError(f"{arg} must be a sequence of ints, not {type(ne).__name__}") from None
+    cdef Py_ssize_t n = len(vals), i
+    if not 1 <= n <= GGML_MAX_DIMS:
+        raise ValueError(f"{arg} must have 1 to {GGML_MAX_DIMS} values (ggml order, fastest first), got {n}")
+    cdef int64_t total = 1, x
+    for i in range(GGML_MAX_DIMS):
+        out[i] = 1
+    for i in range(n):
+        v = vals[i]
+        if type(v) is not int:
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise TypeError(f"{arg}[{i}] must be an int, not {type(v).__name__}")
+            v = v.__index__()
+        try:
+            x = v
+        except OverflowError:
+            raise ValueError(f"{arg}[{i}]={v} does not fit int64") from None
+        if x < 0:
             raise ValueError(f"{arg}[{i}] must be >= 0, got {v}")
-        out.append(v)
-    n = 1
-    for v in out:
-        n *= v
-    if n > _INT64_MAX:
-        raise ValueError(f"{arg}={tuple(out)} has {n} elements, more than int64 holds")
-    return tuple(out)
+        if x != 0 and total > _INT64_MAX // x:
+            raise ValueError(f"{arg}={vals} has more elements than int64 holds")
+        total *= x
+        out[i] = x
+    return <int>n
+
+
+cdef tuple _need_ne(object ne, str arg="ne"):
+    cdef int64_t c[4]
+    cdef int n = _need_ne_c(ne, c, arg)
+    return tuple(c[i] for i in range(n))
+
+
+cdef int64_t _data_nbytes(ggml_type typ, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) except -1:
+    """Bytes of data of a tensor of that type and ne, as ggml_new_tensor_impl computes them."""
+    cdef int64_t blck = ggml_blck_size(typ)
+    if ne0 % blck != 0:
+        raise ValueError(f"ne[0]={ne0} must be a multiple of the block size {blck} of type {Type(typ).name}")
+    cdef int64_t total = (ne0 // blck) * <int64_t>ggml_type_size(typ)
+    cdef int64_t rest[3]
+    rest[0] = ne1; rest[1] = ne2; rest[2] = ne3
+    for x in rest:
+        if x != 0 and total > (_INT64_MAX >> 1) // x:
+            raise ValueError(f"a tensor of type {Type(typ).name} with ne=({ne0}, {ne1}, {ne2}, {ne3}) "
+                             f"would need more bytes than a context can hold")
+        total *= x
+    return total
 
 
 cdef int _need_int32(object v, str arg, long lo=-2147483648) except? -1:
@@ -250,17 +294,6 @@ cdef int _need_int32(object v, str arg, long lo=-2147483648) except? -1:
     if not lo <= v <= 2147483647:
         raise ValueError(f"{arg} must be in [{lo}, 2147483647], got {v}")
     return v
-
-
-cdef object _data_nbytes(ggml_type typ, tuple ne):
-    """Bytes of tensor data, as ggml_new_tensor_impl computes them (Python ints: no overflow)."""
-    cdef int64_t blck = ggml_blck_size(typ)
-    if ne[0] % blck != 0:
-        raise ValueError(f"ne[0]={ne[0]} must be a multiple of the block size {blck} of type {Type(typ).name}")
-    n = (ne[0] // blck) * ggml_type_size(typ)
-    for v in ne[1:]:
-        n *= v
-    return n
 
 
 # --- Context -----------------------------------------------------------------
@@ -345,10 +378,13 @@ cdef class Context:
         _need_open(self)
         return ggml_used_mem(self.ptr)
 
-    cdef int _reserve(self, object nbytes, str what) except -1:
-        """Raise MemoryError unless a new object of ``nbytes`` fits (ggml_new_object's rule)."""
-        need = _OBJECT_SIZE + ((nbytes + GGML_MEM_ALIGN - 1) // GGML_MEM_ALIGN) * GGML_MEM_ALIGN
-        used = ggml_used_mem(self.ptr)
+    cdef int _reserve_tensor(self, int64_t data_nbytes, str what) except -1:
+        """Raise MemoryError unless a new tensor fits: its header, plus ``data_nbytes``
+        unless the context is no_alloc (ggml_new_tensor_impl + ggml_new_object's rule)."""
+        _need_open(self)
+        cdef uint64_t size = sizeof(ggml_tensor) + (0 if self.no_alloc else <uint64_t>data_nbytes)
+        cdef uint64_t need = _OBJECT_SIZE + (size + GGML_MEM_ALIGN - 1) // GGML_MEM_ALIGN * GGML_MEM_ALIGN
+        cdef uint64_t used = ggml_used_mem(self.ptr)
         if used + need > self.mem_size:
             raise MemoryError(f"{what} needs {need} bytes but the context has {self.mem_size - used} "
                               f"of {self.mem_size} free")
@@ -388,15 +424,11 @@ cdef class Context:
         order (fastest first, 1 to 4 values). Its data is uninitialised.
         """
         _need_open(self)
-        typ = _need_type_arg(type)
-        ne_t = _need_ne(ne)
-        nbytes = _data_nbytes(_ctype(typ), ne_t)
-        self._reserve(sizeof(ggml_tensor) + (0 if self.no_alloc else nbytes), "new_tensor")
+        cdef ggml_type typ = _need_type_arg(type)
         cdef int64_t cne[4]
-        cdef int i
-        for i in range(len(ne_t)):
-            cne[i] = ne_t[i]
-        return _wrap(self, ggml_new_tensor(self.ptr, _ctype(typ), len(ne_t), cne))
+        cdef int n = _need_ne_c(ne, cne)
+        self._reserve_tensor(_data_nbytes(typ, cne[0], cne[1], cne[2], cne[3]), "new_tensor")
+        return _wrap(self, ggml_new_tensor(self.ptr, typ, n, cne))
 
     def from_numpy(self, array):
         """from_numpy(array) -> Tensor
@@ -421,13 +453,13 @@ cdef class Context:
         return t
 
 
-cdef object _need_type_arg(object typ):
-    if isinstance(typ, bool) or not hasattr(typ, "__index__"):
-        raise TypeError(f"type must be a pyggml.Type, not {type(typ).__name__}")
-    try:
-        return Type(typ.__index__())
-    except ValueError:
-        raise ValueError(f"type={typ!r} is not a ggml type pyggml supports") from None
+cdef ggml_type _need_type_arg(object typ) except? GGML_TYPE_COUNT:
+    if type(typ) is not Type:
+        if isinstance(typ, bool) or not hasattr(typ, "__index__"):
+            raise TypeError(f"type must be a pyggml.Type, not {type(typ).__name__}")
+        if typ.__index__() not in _TYPE_VALUES:
+            raise ValueError(f"type={typ!r} is not a ggml type pyggml supports")
+    return _ctype(typ)
 
 
 # --- Tensor ------------------------------------------------------------------
@@ -620,16 +652,13 @@ cdef class Tensor:
 
 cdef inline Tensor _dup_result(Context ctx, Tensor a, str op):
     """Check room for a new tensor shaped like ``a`` (ggml_dup_tensor)."""
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
-                                        _data_nbytes(a.ptr.type, (a.ptr.ne[0], a.ptr.ne[1], a.ptr.ne[2], a.ptr.ne[3]))), op)
+    ctx._reserve_tensor(_data_nbytes(a.ptr.type, a.ptr.ne[0], a.ptr.ne[1], a.ptr.ne[2], a.ptr.ne[3]), op)
     return a
 
 
 cdef inline _view_result(Context ctx, str op):
     """Check room for a view (a tensor header, no data)."""
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor), op)
+    ctx._reserve_tensor(0, op)
 
 
 cdef Tensor _binary(Context ctx, object a_, object b_, str op):
@@ -643,25 +672,25 @@ cdef Tensor _binary(Context ctx, object a_, object b_, str op):
     return a
 
 
-def add(Context ctx, a, b):
+def add(Context ctx not None, a, b):
     """add(ctx, a, b) -> Tensor: a + b, b broadcast to a's shape. F32."""
     _binary(ctx, a, b, "add")
     return ctx._adopt(ggml_add(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
 
 
-def sub(Context ctx, a, b):
+def sub(Context ctx not None, a, b):
     """sub(ctx, a, b) -> Tensor: a - b, b broadcast to a's shape. F32."""
     _binary(ctx, a, b, "sub")
     return ctx._adopt(ggml_sub(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
 
 
-def mul(Context ctx, a, b):
+def mul(Context ctx not None, a, b):
     """mul(ctx, a, b) -> Tensor: a * b elementwise, b broadcast to a's shape. F32."""
     _binary(ctx, a, b, "mul")
     return ctx._adopt(ggml_mul(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
 
 
-def div(Context ctx, a, b):
+def div(Context ctx not None, a, b):
     """div(ctx, a, b) -> Tensor: a / b elementwise, b broadcast to a's shape. F32."""
     _binary(ctx, a, b, "div")
     return ctx._adopt(ggml_div(ctx.ptr, (<Tensor>a).ptr, (<Tensor>b).ptr), (a, b))
@@ -678,31 +707,31 @@ cdef Tensor _unary(Context ctx, object a_, str op, bint contiguous=False):
     return a
 
 
-def scale(Context ctx, a, float s):
+def scale(Context ctx not None, a, float s):
     """scale(ctx, a, s) -> Tensor: a * s. F32, contiguous."""
     _unary(ctx, a, "scale", True)
     return ctx._adopt(ggml_scale(ctx.ptr, (<Tensor>a).ptr, s), (a,))
 
 
-def sqr(Context ctx, a):
+def sqr(Context ctx not None, a):
     """sqr(ctx, a) -> Tensor: a * a. F32."""
     _unary(ctx, a, "sqr")
     return ctx._adopt(ggml_sqr(ctx.ptr, (<Tensor>a).ptr), (a,))
 
 
-def sqrt(Context ctx, a):
+def sqrt(Context ctx not None, a):
     """sqrt(ctx, a) -> Tensor: elementwise square root. F32."""
     _unary(ctx, a, "sqrt")
     return ctx._adopt(ggml_sqrt(ctx.ptr, (<Tensor>a).ptr), (a,))
 
 
-def soft_max(Context ctx, a):
+def soft_max(Context ctx not None, a):
     """soft_max(ctx, a) -> Tensor: softmax along ne[0] (numpy's last axis). F32, contiguous."""
     _unary(ctx, a, "soft_max", True)
     return ctx._adopt(ggml_soft_max(ctx.ptr, (<Tensor>a).ptr), (a,))
 
 
-def diag_mask_inf(Context ctx, a, n_past):
+def diag_mask_inf(Context ctx not None, a, n_past):
     """diag_mask_inf(ctx, a, n_past) -> Tensor
 
     Sets element (row i, column j) to -inf where ``j > n_past + i``. F32, contiguous, n_past >= 0.
@@ -712,40 +741,35 @@ def diag_mask_inf(Context ctx, a, n_past):
     return ctx._adopt(ggml_diag_mask_inf(ctx.ptr, (<Tensor>a).ptr, n), (a,))
 
 
-def sum(Context ctx, a):
+def sum(Context ctx not None, a):
     """sum(ctx, a) -> Tensor: the sum of all elements, a 1-element tensor of a's type. F32, F16, BF16."""
     cdef Tensor t = _need_tensor(a, "a")
-    _need_type(t, "a", "sum", FLOAT_TYPES)
+    _need_type(t, "a", "sum", _FLOATS)
     _need_rows_contiguous(t, "a", "sum")
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else ggml_type_size(t.ptr.type)), "sum")
+    ctx._reserve_tensor(_data_nbytes(t.ptr.type, 1, 1, 1, 1), "sum")
     return ctx._adopt(ggml_sum(ctx.ptr, t.ptr), (a,))
 
 
-def mean(Context ctx, a):
+def mean(Context ctx not None, a):
     """mean(ctx, a) -> Tensor: the mean of each row (along ne[0]); ne = (1, ne1, ne2, ne3). F32."""
     cdef Tensor t = _need_tensor(a, "a")
     _need_type(t, "a", "mean", _F32)
     _need_rows_contiguous(t, "a", "mean")
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
-                                        4 * t.ptr.ne[1] * t.ptr.ne[2] * t.ptr.ne[3]), "mean")
+    ctx._reserve_tensor(_data_nbytes(GGML_TYPE_F32, 1, t.ptr.ne[1], t.ptr.ne[2], t.ptr.ne[3]), "mean")
     return ctx._adopt(ggml_mean(ctx.ptr, t.ptr), (a,))
 
 
-def repeat(Context ctx, a, b):
+def repeat(Context ctx not None, a, b):
     """repeat(ctx, a, b) -> Tensor: a tiled to b's shape (each b.ne[i] a multiple of a.ne[i])."""
     cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
-    _need_type(ta, "a", "repeat", FLOAT_TYPES | {Type.I32, Type.I16})
+    _need_type(ta, "a", "repeat", _REPEAT_TYPES)
     _need_rows_contiguous(ta, "a", "repeat")
     _need_can_repeat(ta, tb, "a", "b", "repeat")
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
-                                        _data_nbytes(ta.ptr.type, tb.ne)), "repeat")
+    ctx._reserve_tensor(_data_nbytes(ta.ptr.type, tb.ptr.ne[0], tb.ptr.ne[1], tb.ptr.ne[2], tb.ptr.ne[3]), "repeat")
     return ctx._adopt(ggml_repeat(ctx.ptr, ta.ptr, tb.ptr), (a, b))
 
 
-def mul_mat(Context ctx, a, b):
+def mul_mat(Context ctx not None, a, b):
     """mul_mat(ctx, a, b) -> Tensor
 
     ggml's matrix product: ``result[i3,i2,i1,i0] = sum_k a[.., i0, k] * b[.., i1, k]``,
@@ -755,7 +779,7 @@ def mul_mat(Context ctx, a, b):
     b.ne[2] and b.ne[3] multiples of a.ne[2] and a.ne[3].
     """
     cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
-    _need_type(ta, "a", "mul_mat", FLOAT_TYPES)
+    _need_type(ta, "a", "mul_mat", _FLOATS)
     _need_type(tb, "b", "mul_mat", _F32)
     if ta.ptr.ne[0] != tb.ptr.ne[0]:
         raise ValueError(f"mul_mat: a.ne[0]={ta.ptr.ne[0]} must equal b.ne[0]={tb.ptr.ne[0]}")
@@ -766,20 +790,18 @@ def mul_mat(Context ctx, a, b):
         raise ValueError(f"mul_mat: a must not be transposed (nb[0] > nb[1]), got nb={ta.nb}; use cont()")
     _need_rows_contiguous(ta, "a", "mul_mat")
     _need_rows_contiguous(tb, "b", "mul_mat")
-    _need_open(ctx)
-    ctx._reserve(sizeof(ggml_tensor) + (0 if ctx.no_alloc else
-                                        4 * ta.ptr.ne[1] * tb.ptr.ne[1] * tb.ptr.ne[2] * tb.ptr.ne[3]), "mul_mat")
+    ctx._reserve_tensor(_data_nbytes(GGML_TYPE_F32, ta.ptr.ne[1], tb.ptr.ne[1], tb.ptr.ne[2], tb.ptr.ne[3]), "mul_mat")
     return ctx._adopt(ggml_mul_mat(ctx.ptr, ta.ptr, tb.ptr), (a, b))
 
 
-def transpose(Context ctx, a):
+def transpose(Context ctx not None, a):
     """transpose(ctx, a) -> Tensor: a view with dims 0 and 1 swapped."""
     _need_tensor(a, "a")
     _view_result(ctx, "transpose")
     return ctx._adopt(ggml_transpose(ctx.ptr, (<Tensor>a).ptr), (a,))
 
 
-def permute(Context ctx, a, axis0, axis1, axis2, axis3):
+def permute(Context ctx not None, a, axis0, axis1, axis2, axis3):
     """permute(ctx, a, axis0, axis1, axis2, axis3) -> Tensor
 
     A view where source dim i becomes dim ``axis_i`` (ggml order); the axes are
@@ -793,7 +815,7 @@ def permute(Context ctx, a, axis0, axis1, axis2, axis3):
     return ctx._adopt(ggml_permute(ctx.ptr, (<Tensor>a).ptr, axes[0], axes[1], axes[2], axes[3]), (a,))
 
 
-def reshape(Context ctx, a, b):
+def reshape(Context ctx not None, a, b):
     """reshape(ctx, a, b) -> Tensor: a view of contiguous a with b's ne."""
     cdef Tensor ta = _need_tensor(a, "a"), tb = _need_tensor(b, "b")
     _need_contiguous(ta, "a", "reshape")
@@ -817,22 +839,22 @@ cdef Tensor _reshape_nd(Context ctx, object a, tuple ne):
     return ctx._adopt(ggml_reshape_4d(ctx.ptr, ta.ptr, ne[0], ne[1], ne[2], ne[3]), (a,))
 
 
-def reshape_1d(Context ctx, a, ne0):
+def reshape_1d(Context ctx not None, a, ne0):
     """reshape_1d(ctx, a, ne0) -> Tensor"""
     return _reshape_nd(ctx, a, (ne0,))
 
 
-def reshape_2d(Context ctx, a, ne0, ne1):
+def reshape_2d(Context ctx not None, a, ne0, ne1):
     """reshape_2d(ctx, a, ne0, ne1) -> Tensor"""
     return _reshape_nd(ctx, a, (ne0, ne1))
 
 
-def reshape_3d(Context ctx, a, ne0, ne1, ne2):
+def reshape_3d(Context ctx not None, a, ne0, ne1, ne2):
     """reshape_3d(ctx, a, ne0, ne1, ne2) -> Tensor"""
     return _reshape_nd(ctx, a, (ne0, ne1, ne2))
 
 
-def reshape_4d(Context ctx, a, ne0, ne1, ne2, ne3):
+def reshape_4d(Context ctx not None, a, ne0, ne1, ne2, ne3):
     """reshape_4d(ctx, a, ne0, ne1, ne2, ne3) -> Tensor"""
     return _reshape_nd(ctx, a, (ne0, ne1, ne2, ne3))
 
@@ -885,30 +907,30 @@ cdef Tensor _view_nd(Context ctx, object a, tuple ne, tuple nb, object offset):
     return r
 
 
-def view_1d(Context ctx, a, ne0, offset):
+def view_1d(Context ctx not None, a, ne0, offset):
     """view_1d(ctx, a, ne0, offset) -> Tensor: ne0 elements of a from byte ``offset``."""
     return _view_nd(ctx, a, (ne0,), (), offset)
 
 
-def view_2d(Context ctx, a, ne0, ne1, nb1, offset):
+def view_2d(Context ctx not None, a, ne0, ne1, nb1, offset):
     """view_2d(ctx, a, ne0, ne1, nb1, offset) -> Tensor (strides in bytes)"""
     return _view_nd(ctx, a, (ne0, ne1), (nb1,), offset)
 
 
-def view_3d(Context ctx, a, ne0, ne1, ne2, nb1, nb2, offset):
+def view_3d(Context ctx not None, a, ne0, ne1, ne2, nb1, nb2, offset):
     """view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset) -> Tensor (strides in bytes)"""
     return _view_nd(ctx, a, (ne0, ne1, ne2), (nb1, nb2), offset)
 
 
-def view_4d(Context ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
+def view_4d(Context ctx not None, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
     """view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset) -> Tensor (strides in bytes)"""
     return _view_nd(ctx, a, (ne0, ne1, ne2, ne3), (nb1, nb2, nb3), offset)
 
 
-_DUP_TYPES = FLOAT_TYPES
+cdef uint64_t _DUP_TYPES = _FLOATS
 
 
-def cont(Context ctx, a):
+def cont(Context ctx not None, a):
     """cont(ctx, a) -> Tensor: a contiguous copy of a. F32, F16, BF16."""
     cdef Tensor t = _need_tensor(a, "a")
     _need_type(t, "a", "cont", _DUP_TYPES)
@@ -916,7 +938,7 @@ def cont(Context ctx, a):
     return ctx._adopt(ggml_cont(ctx.ptr, t.ptr), (a,))
 
 
-def cpy(Context ctx, a, b):
+def cpy(Context ctx not None, a, b):
     """cpy(ctx, a, b) -> Tensor
 
     Copies a into b (converting between F32, F16 and BF16); returns a view of b
@@ -930,6 +952,87 @@ def cpy(Context ctx, a, b):
     return ctx._adopt(ggml_cpy(ctx.ptr, ta.ptr, tb.ptr), (a, b))
 
 
+# --- a set of tensor addresses ---------------------------------------------------
+
+cdef inline size_t _ptr_hash(uintptr_t key) nogil:
+    return <size_t>((key >> 4) * <uintptr_t>0x9E3779B97F4A7C15)
+
+
+@cython.final
+cdef class _PtrSet:
+    """Open-addressing set of non-NULL addresses (linear probing), for graph traversal.
+
+    A Python set of ints would allocate an int object per address; graphs are
+    built in hot loops, so the traversal stays in C.
+    """
+    cdef uintptr_t * table
+    cdef size_t cap, n
+
+    def __dealloc__(self):
+        free(self.table)
+
+    cdef int _resize(self, size_t cap) except -1:
+        cdef uintptr_t * old = self.table
+        cdef size_t old_cap = self.cap, i
+        cdef uintptr_t * new = <uintptr_t *>calloc(cap, sizeof(uintptr_t))
+        if new == NULL:
+            raise MemoryError()
+        self.table = new
+        self.cap = cap
+        self.n = 0
+        for i in range(old_cap):
+            if old[i]:
+                self.add(old[i])
+        free(old)
+        return 0
+
+    cdef bint contains(self, uintptr_t key):
+        if self.cap == 0:
+            return False
+        cdef size_t mask = self.cap - 1, i = _ptr_hash(key) & mask
+        while self.table[i]:
+            if self.table[i] == key:
+                return True
+            i = (i + 1) & mask
+        return False
+
+    cdef int add(self, uintptr_t key) except -1:
+        """Insert ``key``; return 1 if it was new, 0 if present."""
+        if (self.n + 1) * 2 > self.cap:
+            self._resize(64 if self.cap == 0 else self.cap * 2)
+        cdef size_t mask = self.cap - 1, i = _ptr_hash(key) & mask
+        while self.table[i]:
+            if self.table[i] == key:
+                return 0
+            i = (i + 1) & mask
+        self.table[i] = key
+        self.n += 1
+        return 1
+
+    cdef void discard(self, uintptr_t key):
+        """Remove ``key`` if present (backward-shift deletion keeps probe chains intact)."""
+        if self.cap == 0:
+            return
+        cdef size_t mask = self.cap - 1, i = _ptr_hash(key) & mask, j, k
+        while self.table[i] != key:
+            if not self.table[i]:
+                return
+            i = (i + 1) & mask
+        self.table[i] = 0
+        self.n -= 1
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if not self.table[j]:
+                return
+            k = _ptr_hash(self.table[j]) & mask
+            # move table[j] back to i unless its home k lies cyclically in (i, j]
+            if (i < j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                self.table[i] = self.table[j]
+                self.table[j] = 0
+                i = j
+
+
 # --- Graph ----------------------------------------------------------------------
 
 cdef int _default_threads():
@@ -938,8 +1041,9 @@ cdef int _default_threads():
     except (AttributeError, OSError):
         return os.cpu_count() or 1
 
-DEFAULT_N_THREADS = _default_threads()
-MAX_N_THREADS = 512   # GGML_MAX_N_THREADS in ggml-cpu (not in a public header)
+cdef int _DEFAULT_N_THREADS = _default_threads()
+DEFAULT_N_THREADS = _DEFAULT_N_THREADS
+cdef int MAX_N_THREADS = 512   # GGML_MAX_N_THREADS in ggml-cpu (not in a public header)
 
 
 @cython.final
@@ -953,13 +1057,13 @@ cdef class Graph:
     cdef readonly Context ctx
     cdef readonly size_t size
     cdef readonly bint grads
-    cdef set _seen          # tensors (addresses) already in the graph
+    cdef _PtrSet _seen      # tensors (addresses) already in the graph
     cdef set _ctxs          # contexts whose tensors the graph reaches
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
     cdef bint _busy
 
-    def __cinit__(self, Context ctx, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
+    def __cinit__(self, Context ctx not None, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
         self.ptr = NULL
         _need_open(ctx)
         if isinstance(size, bool) or not hasattr(size, "__index__"):
@@ -976,7 +1080,7 @@ cdef class Graph:
         self.ctx = ctx
         self.size = size
         self.grads = grads
-        self._seen = set()
+        self._seen = _PtrSet()
         self._ctxs = {ctx}
         self._n_nodes = 0
         self._n_leafs = 0
@@ -995,40 +1099,68 @@ cdef class Graph:
         return 0
 
     def build_forward_expand(self, t):
-        """build_forward_expand(t): add ``t`` and everything it depends on to the graph."""
+        """build_forward_expand(t): add ``t`` and everything it depends on to the graph.
+
+        Raises ValueError, and leaves the graph as it was, when the new nodes or
+        leafs would not fit its ``size`` (ggml would abort).
+        """
         self._check()
         cdef Tensor tensor = _need_tensor(t, "t")
-        cdef list stack = [<uintptr_t>tensor.ptr]
-        cdef set new = set()
         cdef int new_nodes = 0, new_leafs = 0, i
+        cdef size_t sp = 0, cap = 32, n_added = 0
         cdef ggml_tensor * p
-        unallocated = None
-        while stack:
-            addr = stack.pop()
-            if addr in self._seen or addr in new:
-                continue
-            new.add(addr)
-            p = <ggml_tensor *><uintptr_t>addr
-            if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
-                new_leafs += 1
-            else:
-                new_nodes += 1
-            if p.data == NULL and unallocated is None:
-                unallocated = addr
-            for i in range(GGML_MAX_SRC):
-                if p.src[i] != NULL:
-                    stack.append(<uintptr_t>p.src[i])
-        if self._n_nodes + new_nodes > <int>self.size or self._n_leafs + new_leafs > <int>self.size:
-            raise ValueError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} nodes "
-                             f"and {self._n_leafs + new_leafs} leafs; its size is {self.size}")
+        cdef ggml_tensor * unallocated = NULL
+        # One buffer: the DFS stack grows from the front, the added list from the back.
+        cdef ggml_tensor ** buf = <ggml_tensor **>malloc(cap * sizeof(ggml_tensor *))
+        cdef ggml_tensor ** grown
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            buf[sp] = tensor.ptr
+            sp += 1
+            while sp:
+                sp -= 1
+                p = buf[sp]
+                if not self._seen.add(<uintptr_t>p):
+                    continue
+                if sp + n_added + GGML_MAX_SRC + 1 > cap:
+                    grown = <ggml_tensor **>realloc(buf, 2 * cap * sizeof(ggml_tensor *))
+                    if grown == NULL:
+                        self._seen.discard(<uintptr_t>p)
+                        raise MemoryError()
+                    # keep the added list at the back of the larger buffer
+                    for i in range(<int>n_added):
+                        grown[2 * cap - 1 - i] = grown[cap - 1 - i]
+                    buf = grown
+                    cap *= 2
+                n_added += 1
+                buf[cap - n_added] = p
+                if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
+                    new_leafs += 1
+                else:
+                    new_nodes += 1
+                if p.data == NULL and unallocated == NULL:
+                    unallocated = p
+                for i in range(GGML_MAX_SRC):
+                    if p.src[i] != NULL:
+                        buf[sp] = p.src[i]
+                        sp += 1
+            if self._n_nodes + new_nodes > <int>self.size or self._n_leafs + new_leafs > <int>self.size:
+                for i in range(<int>n_added):
+                    self._seen.discard(<uintptr_t>buf[cap - 1 - i])
+                raise ValueError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} nodes "
+                                 f"and {self._n_leafs + new_leafs} leafs; its size is {self.size}")
+        finally:
+            free(buf)
         ggml_build_forward_expand(self.ptr, tensor.ptr)
-        self._seen |= new
         self._n_nodes += new_nodes
         self._n_leafs += new_leafs
-        if self._unallocated is None and unallocated is not None:
-            self._unallocated = unallocated
-        self._ctxs.add(tensor.ctx)
-        self._ctxs.update(tensor.ctx._deps)
+        if unallocated != NULL and self._unallocated is None:
+            self._unallocated = <uintptr_t>unallocated
+        if tensor.ctx not in self._ctxs:
+            self._ctxs.add(tensor.ctx)
+        if tensor.ctx._deps:
+            self._ctxs.update(tensor.ctx._deps)
 
     @property
     def n_nodes(self):
@@ -1060,7 +1192,9 @@ cdef class Graph:
         self._check()
         cdef int n
         if n_threads is None:
-            n = DEFAULT_N_THREADS
+            n = _DEFAULT_N_THREADS
+        elif type(n_threads) is int and 1 <= n_threads <= MAX_N_THREADS:
+            n = n_threads
         else:
             n = _need_int32(n_threads, "n_threads", 1)
             if n > MAX_N_THREADS:
