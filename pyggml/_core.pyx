@@ -22,7 +22,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AsString
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport strlen
+from libc.string cimport memcpy, strlen
 
 cimport numpy as cnp
 
@@ -326,9 +326,10 @@ cdef class Context:
 
     def __cinit__(self, mem_size, bint no_alloc=False):
         self.ptr = NULL
-        if isinstance(mem_size, bool) or not hasattr(mem_size, "__index__"):
-            raise TypeError(f"mem_size must be an int (bytes), not {type(mem_size).__name__}")
-        mem_size = mem_size.__index__()
+        if type(mem_size) is not int:
+            if isinstance(mem_size, bool) or not hasattr(mem_size, "__index__"):
+                raise TypeError(f"mem_size must be an int (bytes), not {type(mem_size).__name__}")
+            mem_size = mem_size.__index__()
         if mem_size <= 0:
             raise ValueError(f"mem_size must be > 0 bytes, got {mem_size}")
         if mem_size > (1 << 62):
@@ -472,6 +473,8 @@ cdef inline Tensor _wrap(Context ctx, ggml_tensor * p):
 
 
 @cython.final
+@cython.freelist(64)
+@cython.no_gc   # holds only its Context, which never refers back to a Tensor: no cycles
 cdef class Tensor:
     """A ggml tensor in a :class:`Context`. Made by ``Context.new_tensor``,
     ``Context.from_numpy`` and the ops; not constructed directly.
@@ -1107,14 +1110,14 @@ cdef class Graph:
         self._check()
         cdef Tensor tensor = _need_tensor(t, "t")
         cdef int new_nodes = 0, new_leafs = 0, i
-        cdef size_t sp = 0, cap = 32, n_added = 0
+        cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
         # One buffer: the DFS stack grows from the front, the added list from the back.
-        cdef ggml_tensor ** buf = <ggml_tensor **>malloc(cap * sizeof(ggml_tensor *))
+        # Small graphs use the array on the C stack; larger ones move to the heap.
+        cdef ggml_tensor * local[64]
+        cdef ggml_tensor ** buf = local
         cdef ggml_tensor ** grown
-        if buf == NULL:
-            raise MemoryError()
         try:
             buf[sp] = tensor.ptr
             sp += 1
@@ -1124,9 +1127,16 @@ cdef class Graph:
                 if not self._seen.add(<uintptr_t>p):
                     continue
                 if sp + n_added + GGML_MAX_SRC + 1 > cap:
-                    grown = <ggml_tensor **>realloc(buf, 2 * cap * sizeof(ggml_tensor *))
+                    if buf == local:
+                        grown = <ggml_tensor **>malloc(2 * cap * sizeof(ggml_tensor *))
+                        if grown != NULL:
+                            memcpy(grown, local, cap * sizeof(ggml_tensor *))
+                    else:
+                        grown = <ggml_tensor **>realloc(buf, 2 * cap * sizeof(ggml_tensor *))
                     if grown == NULL:
                         self._seen.discard(<uintptr_t>p)
+                        for i in range(<int>n_added):
+                            self._seen.discard(<uintptr_t>buf[cap - 1 - i])
                         raise MemoryError()
                     # keep the added list at the back of the larger buffer
                     for i in range(<int>n_added):
@@ -1151,7 +1161,8 @@ cdef class Graph:
                 raise ValueError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} nodes "
                                  f"and {self._n_leafs + new_leafs} leafs; its size is {self.size}")
         finally:
-            free(buf)
+            if buf != local:
+                free(buf)
         ggml_build_forward_expand(self.ptr, tensor.ptr)
         self._n_nodes += new_nodes
         self._n_leafs += new_leafs
@@ -1204,10 +1215,13 @@ cdef class Graph:
         if self._busy:
             raise RuntimeError("compute: this graph is already being computed in another thread")
         # keep every pool the graph touches alive while the GIL is released
-        cdef list pools = []
+        # (another thread may close a context meanwhile)
+        cdef object keep
         cdef Context c
-        for c in self._ctxs:
-            pools.append(c.pool)
+        if len(self._ctxs) == 1:
+            keep = self.ctx.pool
+        else:
+            keep = [c.pool for c in self._ctxs]
         cdef ggml_cplan plan = ggml_graph_plan(self.ptr, n, NULL)
         cdef _Pool work = None
         if plan.work_size > 0:
