@@ -8,6 +8,20 @@ module functions taking the context first, so C translates line for line::
     c = pyggml.add(ctx, a, b)                   // ggml_add(ctx, a, b)
 """
 
+try:
+    from pyggml import _core  # noqa: F401
+except ImportError as _e:  # pragma: no cover - depends on how pyggml is run
+    import os as _os
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if _os.path.exists(_os.path.join(_here, "_core.pyx")):
+        raise ImportError(
+            f"pyggml is being imported from its source tree ({_here}), which has no compiled "
+            "extension. Install it (`pip install .`) and run Python from another directory, "
+            "or use the `pyggml` command."
+        ) from _e
+    raise
+
 from pyggml._core import (
     DEFAULT_GRAPH_SIZE,
     DEFAULT_N_THREADS,

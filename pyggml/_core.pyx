@@ -150,6 +150,7 @@ cdef class _Pool:
     """Memory owned by pyggml and lent to a ggml_context. Numpy views use it as base."""
     cdef void * ptr
     cdef readonly size_t size
+    cdef object __weakref__
 
     def __cinit__(self, size_t size):
         self.ptr = NULL
@@ -322,7 +323,10 @@ cdef class Context:
     cdef _Pool pool
     cdef readonly size_t mem_size
     cdef readonly bint no_alloc
+    cdef uintptr_t _base    # the pool's address, kept after close() to identify tensors
     cdef set _deps          # other contexts that tensors of this one reference
+    cdef set _dep_pools     # their pools: kept alive even if those contexts are closed,
+                            # since tensors here point into them
 
     def __cinit__(self, mem_size, bint no_alloc=False):
         self.ptr = NULL
@@ -340,9 +344,11 @@ cdef class Context:
         params.mem_buffer = self.pool.ptr
         params.no_alloc = no_alloc
         self.ptr = ggml_init(params)
+        self._base = <uintptr_t>self.pool.ptr
         self.mem_size = mem_size
         self.no_alloc = no_alloc
         self._deps = set()
+        self._dep_pools = set()
 
     def __dealloc__(self):
         if self.ptr != NULL:
@@ -356,6 +362,7 @@ cdef class Context:
             self.ptr = NULL
         self.pool = None
         self._deps = set()
+        self._dep_pools = set()
 
     @property
     def closed(self):
@@ -398,23 +405,32 @@ cdef class Context:
             if s.ctx is not self:
                 self._deps.add(s.ctx)
                 self._deps.update(s.ctx._deps)
+                self._dep_pools.add(s.ctx.pool)
+                self._dep_pools.update(s.ctx._dep_pools)
         return _wrap(self, p)
 
     cdef _Pool _pool_of(self, const void * data, size_t nbytes):
-        cdef Context c
+        """The pool (this context's or a dependency's) holding ``nbytes`` at ``data``."""
+        cdef _Pool pool
         if self.pool is not None and self.pool.contains(data, nbytes):
             return self.pool
-        for c in self._deps:
-            if c.pool is not None and c.pool.contains(data, nbytes):
-                return c.pool
+        for pool in self._dep_pools:
+            if pool.contains(data, nbytes):
+                return pool
         return None
 
+    cdef inline bint _holds(self, const void * p):
+        # address comparison only: valid after close(), when the pool may be gone
+        cdef uintptr_t a = <uintptr_t>p
+        return a >= self._base and a - self._base < self.mem_size
+
     cdef Context _owner_of(self, const void * p):
+        """The context (this one or a dependency) whose pool holds the tensor at ``p``."""
         cdef Context c
-        if self.pool is not None and self.pool.contains(p, sizeof(ggml_tensor)):
+        if self._holds(p):
             return self
         for c in self._deps:
-            if c.pool is not None and c.pool.contains(p, sizeof(ggml_tensor)):
+            if c._holds(p):
                 return c
         return None
 
@@ -617,6 +633,9 @@ cdef class Tensor:
         typenum = _NPY_TYPENUM.get(p.type)
         if typenum is None:
             raise TypeError(f"numpy: type {Type(p.type).name} has no numpy dtype (quantized blocks)")
+        if ggml_nelements(p) == 0:
+            # nothing to share; ggml gives empty tensors no data pointer
+            return np.empty(tuple(p.ne[i] for i in range(nd - 1, -1, -1)), dtype=_NUMPY_DTYPE[Type(p.type)])
         if p.data == NULL:
             raise ValueError("numpy: the tensor has no data (its context was created with no_alloc=True)")
         cdef cnp.npy_intp dims[4]
@@ -900,7 +919,9 @@ cdef Tensor _view_nd(Context ctx, object a, tuple ne, tuple nb, object offset):
         raise ValueError(f"view: {data_size} bytes at offset {offset} exceed a's data "
                          f"({base_nbytes - base_offs} bytes from a's start)")
     if data_size:
-        last = offset + tsize + sum((n - 1) * s for n, s in zip(ne4, full_nb))
+        last = offset + tsize
+        for n, st in zip(ne4, full_nb):
+            last += (n - 1) * st
         if base_offs + last > base_nbytes:
             raise ValueError(f"view: ne={ne} with nb={full_nb} reaches byte {last} past a's start, "
                              f"beyond its data ({base_nbytes - base_offs} bytes)")
@@ -1109,6 +1130,10 @@ cdef class Graph:
         """
         self._check()
         cdef Tensor tensor = _need_tensor(t, "t")
+        cdef Context dep
+        for dep in tensor.ctx._deps:
+            if dep.ptr == NULL:
+                raise ValueError("build_forward_expand: t depends on a tensor whose context was closed")
         cdef int new_nodes = 0, new_leafs = 0, i
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
@@ -1188,7 +1213,7 @@ cdef class Graph:
     cdef object _tensor(self, ggml_tensor * p):
         cdef Context c
         for c in self._ctxs:
-            if c.pool is not None and c.pool.contains(p, sizeof(ggml_tensor)):
+            if c._holds(p):
                 return _wrap(c, p)
         raise RuntimeError("graph node belongs to no context pyggml knows")
 

@@ -1,0 +1,49 @@
+"""Command line: ``pyggml demo``, ``pyggml info`` (also ``python -m pyggml ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def demo() -> int:
+    import numpy as np
+
+    import pyggml
+
+    # C:  ctx = ggml_init(...); a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 3, 2); ...
+    with pyggml.Context(16 * 1024 * 1024) as ctx:
+        a = ctx.from_numpy(np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32))   # ne = (3, 2)
+        b = ctx.from_numpy(np.array([[1, 0, 1], [0, 1, 0]], dtype=np.float32))
+        c = pyggml.soft_max(ctx, pyggml.add(ctx, pyggml.scale(ctx, a, 0.5), b))
+        graph = pyggml.Graph(ctx)
+        graph.build_forward_expand(c)
+        graph.compute(n_threads=2)
+        print(f"pyggml {pyggml.__version__} on ggml {pyggml.ggml_version()}")
+        print("graph:", " -> ".join(n.op for n in graph.nodes))
+        print("softmax(0.5 * a + b) =")
+        print(c.numpy())
+        result = c.numpy()
+    print("row sums:", result.sum(axis=1))
+    return 0
+
+
+def info() -> int:
+    import pyggml
+
+    print(json.dumps(pyggml.build_info(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pyggml", description="pyggml command line")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("demo", help="build and compute a small graph, print the result")
+    sub.add_parser("info", help="print how this pyggml was built (ggml version, source, flags)")
+    args = ap.parse_args(argv)
+    return {"demo": demo, "info": info}[args.cmd]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

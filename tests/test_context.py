@@ -1,0 +1,163 @@
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+
+
+def test_context_reports_sizes():
+    with pyggml.Context(1 << 20) as ctx:
+        assert ctx.mem_size == 1 << 20
+        assert ctx.used_mem == 0
+        t = ctx.new_tensor(Type.F32, (10,))
+        # one object header + tensor header + 40 bytes of data, padded to MEM_ALIGN
+        used = ctx.used_mem
+        assert used >= 40
+        ctx.new_tensor(Type.F32, (10,))
+        assert ctx.used_mem == 2 * used
+        assert t.nbytes == 40
+
+
+def test_no_alloc_context_uses_only_headers():
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        ctx.new_tensor(Type.F32, (10,))
+        small = ctx.used_mem
+        ctx.new_tensor(Type.F32, (100000,))
+        assert ctx.used_mem == 2 * small
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (0, ValueError, "mem_size must be > 0"),
+    (-5, ValueError, "mem_size must be > 0"),
+    (1.5, TypeError, "mem_size must be an int"),
+    ("10", TypeError, "mem_size must be an int"),
+    (True, TypeError, "mem_size must be an int"),
+    (1 << 70, MemoryError, "too large"),
+])
+def test_context_bad_mem_size(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        pyggml.Context(bad)
+
+
+def test_close_is_idempotent_and_tensors_raise():
+    ctx = pyggml.Context(1 << 20)
+    t = ctx.new_tensor(Type.F32, (4,))
+    ctx.close()
+    ctx.close()
+    assert ctx.closed
+    for use in (lambda: t.ne, lambda: t.numpy(), lambda: t.name, lambda: t.src):
+        with pytest.raises(ValueError, match="context was closed"):
+            use()
+    with pytest.raises(ValueError, match="the context is closed"):
+        ctx.new_tensor(Type.F32, (4,))
+    with pytest.raises(ValueError, match="the context is closed"):
+        ctx.used_mem
+    with pytest.raises(ValueError, match="closed"):
+        pyggml.add(ctx, t, t)
+    with pytest.raises(ValueError, match="closed"):
+        with ctx:
+            pass
+
+
+def test_numpy_view_outlives_context():
+    with pyggml.Context(1 << 20) as ctx:
+        t = ctx.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        view = t.numpy()
+    del ctx, t
+    gc.collect()
+    # the pool is still alive: the view reads and writes the original data
+    np.testing.assert_array_equal(view, np.arange(6, dtype=np.float32).reshape(2, 3))
+    view[1, 2] = 42.0
+    assert view[1, 2] == 42.0
+
+
+def test_pool_freed_when_last_view_goes():
+    ctx = pyggml.Context(1 << 20)
+    view = ctx.from_numpy(np.ones(3, dtype=np.float32)).numpy()
+    pool = weakref.ref(view.base)
+    ctx.close()
+    assert pool() is not None
+    del view
+    gc.collect()
+    assert pool() is None
+
+
+def test_tensor_that_does_not_fit_raises_memory_error():
+    with pyggml.Context(4096) as ctx:
+        with pytest.raises(MemoryError, match="new_tensor needs"):
+            ctx.new_tensor(Type.F32, (4096,))
+        # the failed call changed nothing; a small tensor still fits
+        assert ctx.used_mem == 0
+        ctx.new_tensor(Type.F32, (4,))
+
+
+def test_exact_fit_is_allowed():
+    probe = pyggml.Context(1 << 20)
+    probe.new_tensor(Type.F32, (100,))
+    need = probe.used_mem
+    with pyggml.Context(need) as ctx:
+        ctx.new_tensor(Type.F32, (100,))
+        with pytest.raises(MemoryError):
+            ctx.new_tensor(Type.F32, (1,))
+
+
+def test_op_result_that_does_not_fit_raises_memory_error():
+    probe = pyggml.Context(1 << 20)
+    probe.new_tensor(Type.F32, (1000,))
+    one = probe.used_mem
+    with pyggml.Context(one + 100) as ctx:
+        a = ctx.new_tensor(Type.F32, (1000,))
+        with pytest.raises(MemoryError, match="add needs"):
+            pyggml.add(ctx, a, a)
+        with pytest.raises(MemoryError, match="transpose needs"):
+            pyggml.transpose(ctx, a)
+
+
+def test_graph_that_does_not_fit_raises_memory_error():
+    with pyggml.Context(pyggml.Graph.overhead(16) - 1) as ctx:
+        with pytest.raises(MemoryError, match=r"Graph\(size=16\) needs"):
+            pyggml.Graph(ctx, 16)
+    with pyggml.Context(pyggml.Graph.overhead(16)) as ctx:
+        pyggml.Graph(ctx, 16)
+
+
+def test_huge_tensor_is_refused_before_c():
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(ValueError, match="does not fit int64|more elements than int64"):
+            ctx.new_tensor(Type.F32, (1 << 40, 1 << 40))
+        with pytest.raises(ValueError, match="more bytes than a context can hold"):
+            ctx.new_tensor(Type.F32, (1 << 31, 1 << 31))
+        with pytest.raises(MemoryError):
+            ctx.new_tensor(Type.F32, (1 << 20, 1 << 20))
+
+
+def test_repr():
+    ctx = pyggml.Context(1 << 20)
+    assert "used=0" in repr(ctx)
+    ctx.close()
+    assert "closed" in repr(ctx)
+
+
+def test_version_and_build_info():
+    info = pyggml.build_info()
+    assert info["ggml_version"] == pyggml.ggml_version()
+    assert pyggml.ggml_version().count(".") == 2
+    assert info["mem_align"] == pyggml.MEM_ALIGN
+    assert pyggml.MEM_ALIGN in (4, 8, 16, 32, 64)
+    assert isinstance(info["native"], bool) and isinstance(info["openmp"], bool)
+    assert info["ggml_source"].split(":")[0] in ("pypi", "src", "prefix")
+
+
+def test_vendored_build_reports_the_pinned_version():
+    from pathlib import Path
+    info = pyggml.build_info()
+    if not info["ggml_source"].startswith("pypi:"):
+        pytest.skip("built from another ggml source")
+    lock = dict(line.split(" = ", 1) for line in
+                (Path(__file__).parent.parent / "vendor" / "ggml.lock").read_text().splitlines()
+                if " = " in line and not line.startswith("#"))
+    assert info["ggml_source"] == f"pypi:{lock['package']} sha256:{lock['sha256']}"
+    assert pyggml.ggml_version() == lock["version"]

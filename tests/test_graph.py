@@ -1,0 +1,163 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+
+
+def test_compute_and_nodes(ctx, rng):
+    a = ctx.from_numpy(rng.standard_normal(5).astype(np.float32))
+    b = ctx.from_numpy(rng.standard_normal(5).astype(np.float32))
+    c = pyggml.mul(ctx, pyggml.add(ctx, a, b), b)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(c)
+    assert g.n_nodes == 2
+    assert [n.op for n in g.nodes] == ["ADD", "MUL"]
+    assert g.nodes[-1] == c
+    g.build_forward_expand(c)          # already there: nothing added
+    assert g.n_nodes == 2
+    g.compute()
+    np.testing.assert_allclose(c.numpy(), (a.numpy() + b.numpy()) * b.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_results_do_not_depend_on_threads(ctx, rng, n_threads):
+    a = ctx.from_numpy(rng.standard_normal((64, 48)).astype(np.float32))
+    b = ctx.from_numpy(rng.standard_normal((32, 48)).astype(np.float32))
+    r = pyggml.mul_mat(ctx, a, b)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(r)
+    g.compute(n_threads)
+    np.testing.assert_allclose(r.numpy(), b.numpy() @ a.numpy().T, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_size_limits_are_checked_before_ggml(ctx):
+    a = ctx.new_tensor(Type.F32, (4,))
+    x = pyggml.sqr(ctx, pyggml.sqr(ctx, a))
+    y = pyggml.sqr(ctx, x)
+    g = pyggml.Graph(ctx, size=2)
+    g.build_forward_expand(x)          # 2 nodes, 1 leaf: fits
+    with pytest.raises(ValueError, match="would hold 3 nodes and 1 leafs; its size is 2"):
+        g.build_forward_expand(y)
+    assert g.n_nodes == 2              # unchanged: the refused call added nothing
+    leafs = pyggml.Graph(ctx, size=2)
+    s = pyggml.add(ctx, pyggml.add(ctx, a, ctx.new_tensor(Type.F32, (4,))), ctx.new_tensor(Type.F32, (4,)))
+    with pytest.raises(ValueError, match="would hold 2 nodes and 3 leafs"):
+        leafs.build_forward_expand(s)
+    assert leafs.n_nodes == 0
+
+
+def test_refused_expand_leaves_graph_usable(ctx):
+    a = ctx.from_numpy(np.arange(4, dtype=np.float32))
+    chain = a
+    for _ in range(5):
+        chain = pyggml.scale(ctx, chain, 2.0)
+    g = pyggml.Graph(ctx, size=4)
+    with pytest.raises(ValueError):
+        g.build_forward_expand(chain)
+    short = pyggml.scale(ctx, a, 3.0)
+    g.build_forward_expand(short)
+    g.compute(1)
+    np.testing.assert_array_equal(short.numpy(), 3 * np.arange(4))
+
+
+def test_large_graph_traversal(ctx):
+    # more tensors than the traversal's on-stack buffer holds
+    a = ctx.from_numpy(np.ones(4, dtype=np.float32))
+    acc = a
+    for i in range(300):
+        acc = pyggml.add(ctx, acc, ctx.from_numpy(np.full(4, i, dtype=np.float32)))
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(acc)
+    assert g.n_nodes == 300
+    g.compute(2)
+    np.testing.assert_array_equal(acc.numpy(), np.full(4, 1 + sum(range(300)), dtype=np.float32))
+
+
+def test_graph_errors(ctx):
+    with pytest.raises(ValueError, match=r"size must be in \[1, 2\*\*30\], got 0"):
+        pyggml.Graph(ctx, 0)
+    with pytest.raises(TypeError, match="size must be an int"):
+        pyggml.Graph(ctx, "big")
+    with pytest.raises(TypeError):
+        pyggml.Graph(None)
+    g = pyggml.Graph(ctx)
+    with pytest.raises(TypeError, match="t must be a pyggml.Tensor"):
+        g.build_forward_expand(3)
+    t = pyggml.sqr(ctx, ctx.new_tensor(Type.F32, (4,)))
+    g.build_forward_expand(t)
+    for bad, exc, match in [(0, ValueError, r"n_threads must be in \[1, 2147483647\]"),
+                            (1000, ValueError, r"n_threads must be in \[1, 512\]"),
+                            (1.5, TypeError, "n_threads must be an int")]:
+        with pytest.raises(exc, match=match):
+            g.compute(bad)
+
+
+def test_closed_context_graph_raises():
+    ctx = pyggml.Context(1 << 20)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(pyggml.sqr(ctx, ctx.new_tensor(Type.F32, (4,))))
+    ctx.close()
+    with pytest.raises(ValueError, match="graph used after a context it uses was closed"):
+        g.compute(1)
+    with pytest.raises(ValueError, match="closed"):
+        g.n_nodes
+    with pytest.raises(ValueError, match="the context is closed"):
+        pyggml.Graph(ctx)
+
+
+def test_no_alloc_graph_cannot_compute():
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a = ctx.new_tensor(Type.F32, (4,))
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(pyggml.add(ctx, a, a))
+        assert g.n_nodes == 1
+        with pytest.raises(ValueError, match="tensors without data"):
+            g.compute(1)
+
+
+def test_empty_graph_computes(ctx):
+    pyggml.Graph(ctx).compute(2)
+
+
+def test_compute_releases_the_gil():
+    ctx = pyggml.Context(256 << 20)
+    n = 1024
+    a = ctx.from_numpy(np.ones((n, n), np.float32))
+    r = a
+    for _ in range(8):
+        r = pyggml.mul_mat(ctx, a, r)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(r)
+    started = threading.Event()
+
+    def work():
+        started.set()
+        g.compute(1)
+
+    th = threading.Thread(target=work)
+    th.start()
+    started.wait()
+    ticks = 0
+    t0 = time.perf_counter()
+    while th.is_alive():
+        ticks += 1
+        time.sleep(0.001)
+    elapsed = time.perf_counter() - t0
+    th.join()
+    # 8 GFLOP on one thread take well over 0.1 s; with the GIL held this loop
+    # could not run at all until compute returned
+    assert elapsed > 0.05
+    assert ticks > 10
+
+
+def test_overhead_matches_context_accounting(ctx):
+    before = ctx.used_mem
+    pyggml.Graph(ctx, 100)
+    assert ctx.used_mem - before == pyggml.Graph.overhead(100)
+    grads_before = ctx.used_mem
+    pyggml.Graph(ctx, 100, grads=True)
+    assert ctx.used_mem - grads_before == pyggml.Graph.overhead(100, grads=True) > pyggml.Graph.overhead(100)

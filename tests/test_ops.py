@@ -1,0 +1,265 @@
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+
+from conftest import compute
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("op, ref", [
+    (pyggml.add, np.add), (pyggml.sub, np.subtract), (pyggml.mul, np.multiply), (pyggml.div, np.divide),
+])
+@pytest.mark.parametrize("bshape", [(2, 3, 4), (1, 3, 4), (2, 1, 4), (1, 1, 4), (2, 3, 1)])
+def test_binary_broadcast(ctx, rng, op, ref, bshape):
+    a = f32(rng, 2, 3, 4)
+    b = f32(rng, *bshape) + (3.0 if op is pyggml.div else 0.0)
+    out = compute(ctx, op(ctx, ctx.from_numpy(a), ctx.from_numpy(b)))
+    np.testing.assert_allclose(out, ref(a, b), rtol=1e-6, atol=1e-6)
+
+
+def test_add_tiles_like_ggml_repeat(ctx, rng):
+    # ggml broadcasts by tiling: b.ne[0]=2 repeats twice along a.ne[0]=4
+    a, b = f32(rng, 3, 4), f32(rng, 3, 2)
+    out = compute(ctx, pyggml.add(ctx, ctx.from_numpy(a), ctx.from_numpy(b)))
+    np.testing.assert_allclose(out, a + np.tile(b, (1, 2)), rtol=1e-6)
+
+
+def test_unary_ops(ctx, rng):
+    a = np.abs(f32(rng, 3, 5)) + 0.1
+    ta = ctx.from_numpy(a)
+    np.testing.assert_allclose(compute(ctx, pyggml.scale(ctx, ta, 0.25)), a * 0.25, rtol=1e-6)
+    np.testing.assert_allclose(compute(ctx, pyggml.sqr(ctx, ta)), a * a, rtol=1e-6)
+    np.testing.assert_allclose(compute(ctx, pyggml.sqrt(ctx, ta)), np.sqrt(a), rtol=1e-6)
+
+
+def test_sum_and_mean(ctx, rng):
+    a = f32(rng, 2, 3, 5)
+    ta = ctx.from_numpy(a)
+    s = pyggml.sum(ctx, ta)
+    assert s.ne == (1, 1, 1, 1)
+    np.testing.assert_allclose(compute(ctx, s), [a.sum(dtype=np.float64)], rtol=1e-5)
+    m = pyggml.mean(ctx, ta)
+    assert m.ne == (1, 3, 2, 1)
+    np.testing.assert_allclose(compute(ctx, m), a.mean(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_soft_max(ctx, rng):
+    a = f32(rng, 4, 7) * 3
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(compute(ctx, pyggml.soft_max(ctx, ctx.from_numpy(a))),
+                               e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_past", [0, 2])
+def test_diag_mask_inf(ctx, rng, n_past):
+    a = f32(rng, 2, 4, 6)
+    out = compute(ctx, pyggml.diag_mask_inf(ctx, ctx.from_numpy(a), n_past))
+    i, j = np.indices((4, 6))
+    expect = np.where(j > n_past + i, -np.inf, a)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("atype", [Type.F32, Type.F16])
+def test_mul_mat(ctx, rng, atype):
+    a = f32(rng, 2, 5, 8)      # ne = (8, 5, 2)
+    b = f32(rng, 4, 3, 8)      # ne = (8, 3, 4): batch 4 broadcasts a's batch 2
+    ta = ctx.from_numpy(a.astype(np.float16) if atype == Type.F16 else a)
+    r = pyggml.mul_mat(ctx, ta, ctx.from_numpy(b))
+    assert r.ne == (5, 3, 4, 1) and r.type == Type.F32
+    a_used = a.astype(np.float16).astype(np.float32) if atype == Type.F16 else a
+    expect = b @ np.repeat(a_used, 2, axis=0).transpose(0, 2, 1)
+    tol = 1e-5 if atype == Type.F32 else 1e-2
+    np.testing.assert_allclose(compute(ctx, r), expect, rtol=tol, atol=tol)
+
+
+def test_transpose_permute_cont(ctx, rng):
+    a = f32(rng, 2, 3, 4, 5)
+    ta = ctx.from_numpy(a)
+    t = pyggml.transpose(ctx, ta)
+    assert t.ne == (4, 5, 3, 2)
+    np.testing.assert_array_equal(t.numpy(), np.swapaxes(a, -1, -2))
+    np.testing.assert_array_equal(compute(ctx, pyggml.cont(ctx, t)), np.swapaxes(a, -1, -2))
+    p = pyggml.permute(ctx, ta, 2, 0, 1, 3)     # src dim i goes to position axis_i
+    assert p.ne == (4, 3, 5, 2)
+    np.testing.assert_array_equal(compute(ctx, pyggml.cont(ctx, p)), a.transpose(0, 3, 1, 2))
+
+
+def test_reshape_family(ctx, rng):
+    a = f32(rng, 4, 6)
+    ta = ctx.from_numpy(a)
+    np.testing.assert_array_equal(pyggml.reshape_1d(ctx, ta, 24).numpy(), a.reshape(24))
+    np.testing.assert_array_equal(pyggml.reshape_2d(ctx, ta, 8, 3).numpy(), a.reshape(3, 8))
+    np.testing.assert_array_equal(pyggml.reshape_3d(ctx, ta, 2, 3, 4).numpy(), a.reshape(4, 3, 2))
+    np.testing.assert_array_equal(pyggml.reshape_4d(ctx, ta, 2, 3, 2, 2).numpy(), a.reshape(2, 2, 3, 2))
+    like = ctx.new_tensor(Type.F32, (12, 2))
+    r = pyggml.reshape(ctx, ta, like)
+    assert r.ne == (12, 2, 1, 1) and r.view_src == ta
+    np.testing.assert_array_equal(r.numpy(), a.reshape(2, 12))
+
+
+def test_views(ctx, rng):
+    a = f32(rng, 4, 6)
+    ta = ctx.from_numpy(a)
+    v1 = pyggml.view_1d(ctx, ta, 5, 4 * 7)
+    np.testing.assert_array_equal(v1.numpy(), a.reshape(-1)[7:12])
+    # every other row, 3 columns from column 1
+    v2 = pyggml.view_2d(ctx, ta, 3, 2, 2 * ta.nb[1], 4)
+    np.testing.assert_array_equal(v2.numpy(), a[::2, 1:4])
+    np.testing.assert_array_equal(compute(ctx, pyggml.cont(ctx, v2)), a[::2, 1:4])
+    v3 = pyggml.view_3d(ctx, ta, 2, 2, 2, 12, 48, 0)
+    expect3 = np.lib.stride_tricks.as_strided(a.reshape(-1), shape=(2, 2, 2), strides=(48, 12, 4))
+    np.testing.assert_array_equal(v3.numpy(), expect3)
+    v4 = pyggml.view_4d(ctx, ta, 6, 1, 1, 4, 24, 24, 24, 0)
+    np.testing.assert_array_equal(v4.numpy(), a.reshape(4, 1, 1, 6))
+    # a view of a view resolves to the base tensor
+    vv = pyggml.view_1d(ctx, v1, 2, 4)
+    assert vv.view_src == ta and vv.view_offs == 4 * 8
+    np.testing.assert_array_equal(vv.numpy(), a.reshape(-1)[8:10])
+
+
+def test_cpy_and_repeat(ctx, rng):
+    a = f32(rng, 2, 3)
+    dst = ctx.new_tensor(Type.F32, (6,))
+    c = pyggml.cpy(ctx, ctx.from_numpy(a), dst)
+    compute(ctx, c)
+    np.testing.assert_array_equal(dst.numpy(), a.reshape(-1))
+    like = ctx.new_tensor(Type.F32, (6, 4, 2))
+    r = pyggml.repeat(ctx, ctx.from_numpy(a), like)
+    np.testing.assert_array_equal(compute(ctx, r), np.tile(a, (2, 2, 2)))
+
+
+def test_ops_across_contexts_keep_each_other_alive(rng):
+    a = f32(rng, 4)
+    c1 = pyggml.Context(1 << 20)
+    c2 = pyggml.Context(1 << 20)
+    ta = c1.from_numpy(a)
+    out = pyggml.add(c2, ta, ta)
+    del ta
+    assert out.src[0].ctx is c1
+    np.testing.assert_allclose(compute(c2, out), 2 * a)
+    g = pyggml.Graph(c2)
+    g.build_forward_expand(out)
+    c1.close()
+    # c1's memory stays alive (out points into it), but using it raises
+    assert out.src[0].ctx is c1
+    with pytest.raises(ValueError, match="depends on a tensor whose context was closed"):
+        pyggml.Graph(c2).build_forward_expand(out)
+    with pytest.raises(ValueError, match="graph used after a context it uses was closed"):
+        g.compute(1)
+    c2.close()
+
+
+# --- error paths -------------------------------------------------------------
+
+@pytest.fixture
+def t34(ctx):
+    return ctx.new_tensor(Type.F32, (4, 3))
+
+
+def test_arguments_must_be_tensors(ctx, t34):
+    with pytest.raises(TypeError, match="b must be a pyggml.Tensor, not ndarray"):
+        pyggml.add(ctx, t34, np.zeros(3))
+    with pytest.raises(TypeError, match="a must be a pyggml.Tensor, not NoneType"):
+        pyggml.sqr(ctx, None)
+    with pytest.raises(TypeError, match="ctx"):
+        pyggml.add(None, t34, t34)
+    with pytest.raises(TypeError):
+        pyggml.add("ctx", t34, t34)
+
+
+def test_binary_shape_mismatch(ctx, t34):
+    b = ctx.new_tensor(Type.F32, (3, 3))
+    with pytest.raises(ValueError, match=r"add: b \(ne=\(3, 3, 1, 1\)\) cannot be broadcast to a"):
+        pyggml.add(ctx, t34, b)
+    big = ctx.new_tensor(Type.F32, (8, 3))
+    with pytest.raises(ValueError, match="mul: b .* cannot be broadcast"):
+        pyggml.mul(ctx, t34, big)
+
+
+def test_type_errors(ctx, t34):
+    i = ctx.new_tensor(Type.I32, (4, 3))
+    with pytest.raises(TypeError, match="add: a has type I32; supported: F32"):
+        pyggml.add(ctx, i, t34)
+    with pytest.raises(TypeError, match="soft_max: a has type I32"):
+        pyggml.soft_max(ctx, i)
+    with pytest.raises(TypeError, match="mul_mat: b has type F16; supported: F32"):
+        pyggml.mul_mat(ctx, t34, ctx.new_tensor(Type.F16, (4, 3)))
+    with pytest.raises(TypeError, match="cpy: b has type I32; supported: F32, F16, BF16"):
+        pyggml.cpy(ctx, t34, i)
+    with pytest.raises(TypeError, match="sum: a has type I32"):
+        pyggml.sum(ctx, i)
+
+
+def test_non_contiguous_inputs(ctx, t34):
+    tt = pyggml.transpose(ctx, t34)
+    with pytest.raises(ValueError, match="scale: a must be contiguous"):
+        pyggml.scale(ctx, tt, 2.0)
+    with pytest.raises(ValueError, match="soft_max: a must be contiguous"):
+        pyggml.soft_max(ctx, tt)
+    with pytest.raises(ValueError, match="reshape: a must be contiguous"):
+        pyggml.reshape_1d(ctx, tt, 12)
+    with pytest.raises(ValueError, match="diag_mask_inf: a must be contiguous"):
+        pyggml.diag_mask_inf(ctx, tt, 0)
+    with pytest.raises(ValueError, match="sqr: a must have contiguous rows"):
+        pyggml.sqr(ctx, tt)
+    with pytest.raises(ValueError, match="mul_mat: a must not be transposed"):
+        pyggml.mul_mat(ctx, tt, ctx.new_tensor(Type.F32, (3, 2)))
+
+
+def test_mul_mat_shape_errors(ctx, t34):
+    with pytest.raises(ValueError, match=r"mul_mat: a.ne\[0\]=4 must equal b.ne\[0\]=5"):
+        pyggml.mul_mat(ctx, t34, ctx.new_tensor(Type.F32, (5, 2)))
+    a = ctx.new_tensor(Type.F32, (4, 3, 2))
+    with pytest.raises(ValueError, match=r"mul_mat: b.ne\[2\]=3 must be a multiple of a.ne\[2\]=2"):
+        pyggml.mul_mat(ctx, a, ctx.new_tensor(Type.F32, (4, 3, 3)))
+
+
+def test_diag_mask_inf_n_past(ctx, t34):
+    with pytest.raises(ValueError, match=r"n_past must be in \[0, 2147483647\], got -1"):
+        pyggml.diag_mask_inf(ctx, t34, -1)
+    with pytest.raises(TypeError, match="n_past must be an int"):
+        pyggml.diag_mask_inf(ctx, t34, 1.5)
+
+
+def test_permute_errors(ctx, t34):
+    with pytest.raises(ValueError, match=r"permute: axes \(0, 0, 1, 2\) must be a permutation"):
+        pyggml.permute(ctx, t34, 0, 0, 1, 2)
+    with pytest.raises(ValueError, match="must be a permutation"):
+        pyggml.permute(ctx, t34, 0, 1, 2, 4)
+    with pytest.raises(TypeError, match="axis1 must be an int"):
+        pyggml.permute(ctx, t34, 0, "1", 2, 3)
+
+
+def test_reshape_errors(ctx, t34):
+    with pytest.raises(ValueError, match="reshape: a has 12 elements .* new ne=\\(5,\\) has 5"):
+        pyggml.reshape_1d(ctx, t34, 5)
+    with pytest.raises(ValueError, match="reshape: a has 12 elements"):
+        pyggml.reshape(ctx, t34, ctx.new_tensor(Type.F32, (5,)))
+
+
+def test_view_errors(ctx, t34):
+    with pytest.raises(ValueError, match="view: 52 bytes at offset 0 exceed"):
+        pyggml.view_1d(ctx, t34, 13, 0)
+    with pytest.raises(ValueError, match="view: 4 bytes at offset 48 exceed"):
+        pyggml.view_1d(ctx, t34, 1, 48)
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        pyggml.view_1d(ctx, t34, 1, -4)
+    # fits as a contiguous block (ggml's only check), but the strides reach past the data
+    with pytest.raises(ValueError, match="reaches byte 64 past a's start"):
+        pyggml.view_2d(ctx, t34, 2, 2, 56, 0)
+    with pytest.raises(ValueError, match="nb1 must be an int >= 0"):
+        pyggml.view_2d(ctx, t34, 2, 2, -1, 0)
+    with pytest.raises(TypeError, match="quantized"):
+        pyggml.view_1d(ctx, ctx.new_tensor(Type.Q8_0, (32,)), 32, 0)
+
+
+def test_cpy_and_repeat_errors(ctx, t34):
+    with pytest.raises(ValueError, match="cpy: a has 12 elements .* b has 13"):
+        pyggml.cpy(ctx, t34, ctx.new_tensor(Type.F32, (13,)))
+    with pytest.raises(ValueError, match="repeat: a .* cannot be broadcast to b"):
+        pyggml.repeat(ctx, t34, ctx.new_tensor(Type.F32, (6, 3)))
