@@ -28,6 +28,7 @@ from pyggml._core import (
     MAX_DIMS,
     MAX_NAME,
     MEM_ALIGN,
+    UPSTREAM_DEFECT_FAB_BATCH_GQA,
     Context,
     Graph,
     Tensor,
@@ -38,6 +39,8 @@ from pyggml._core import (
     cpy,
     diag_mask_inf,
     div,
+    flash_attn_back,
+    flash_attn_back_offsets,
     ggml_version,
     mean,
     mul,
@@ -62,12 +65,21 @@ from pyggml._core import (
     view_4d,
 )
 
+from pyggml.attention import (
+    attention_backward,
+    flash_attn_back_grad_tensors,
+    flash_attn_back_grads,
+)
+from pyggml import reference
+
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MEM_ALIGN",
+    "UPSTREAM_DEFECT_FAB_BATCH_GQA",
     "Context", "Graph", "Tensor", "Type",
-    "add", "build_info", "cont", "cpy", "diag_mask_inf", "div", "ggml_version", "mean",
+    "add", "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
+    "flash_attn_back_grads", "flash_attn_back_offsets", "reference", "cont", "cpy", "diag_mask_inf", "div", "ggml_version", "mean",
     "mul", "mul_mat", "permute", "repeat", "reshape", "reshape_1d", "reshape_2d",
     "reshape_3d", "reshape_4d", "scale", "soft_max", "sqr", "sqrt", "sub", "sum",
     "transpose", "view_1d", "view_2d", "view_3d", "view_4d",

@@ -327,6 +327,7 @@ cdef class Context:
     cdef set _deps          # other contexts that tensors of this one reference
     cdef set _dep_pools     # their pools: kept alive even if those contexts are closed,
                             # since tensors here point into them
+    cdef list _borrowed     # numpy arrays whose memory tensors of this context use
 
     def __cinit__(self, mem_size, bint no_alloc=False):
         self.ptr = NULL
@@ -363,6 +364,7 @@ cdef class Context:
         self.pool = None
         self._deps = set()
         self._dep_pools = set()
+        self._borrowed = None
 
     @property
     def closed(self):
@@ -447,6 +449,34 @@ cdef class Context:
         self._reserve_tensor(_data_nbytes(typ, cne[0], cne[1], cne[2], cne[3]), "new_tensor")
         return _wrap(self, ggml_new_tensor(self.ptr, typ, n, cne))
 
+    def _borrow_numpy(self, array):
+        """_borrow_numpy(array) -> Tensor  (private: for pyggml's own zero-copy inputs)
+
+        A tensor of this no_alloc context whose data is ``array``'s memory (C-contiguous,
+        aligned, 1 to 4 dims). The context keeps the array alive until it is deallocated.
+        The tensor must only be read by the graphs it feeds: pyggml's callers never
+        write into borrowed memory. ``numpy()`` on it raises (the memory is not a pool's).
+        """
+        _need_open(self)
+        if not self.no_alloc:
+            raise ValueError("_borrow_numpy: needs a no_alloc context")
+        if type(array) is not np.ndarray:
+            raise TypeError(f"_borrow_numpy: array must be a numpy.ndarray, not {type(array).__name__}")
+        cdef cnp.ndarray arr = array
+        if not (arr.flags.c_contiguous and arr.flags.aligned):
+            raise ValueError("_borrow_numpy: array must be C-contiguous and aligned")
+        typ = _TYPE_OF_DTYPE.get(arr.dtype)
+        if typ is None:
+            raise TypeError(f"_borrow_numpy: dtype {arr.dtype} has no ggml type")
+        if not 1 <= arr.ndim <= GGML_MAX_DIMS or arr.size == 0:
+            raise ValueError(f"_borrow_numpy: array must have 1 to {GGML_MAX_DIMS} dims and elements")
+        cdef Tensor t = self.new_tensor(typ, array.shape[::-1])
+        t.ptr.data = cnp.PyArray_DATA(arr)
+        if self._borrowed is None:
+            self._borrowed = []
+        self._borrowed.append(arr)
+        return t
+
     def from_numpy(self, array):
         """from_numpy(array) -> Tensor
 
@@ -465,7 +495,7 @@ cdef class Context:
             raise ValueError(f"from_numpy: array must have 1 to {GGML_MAX_DIMS} dimensions, got {arr.ndim}")
         if self.no_alloc:
             raise ValueError("from_numpy: the context was created with no_alloc=True")
-        cdef Tensor t = self.new_tensor(typ, arr.shape[::-1])
+        cdef Tensor t = self.new_tensor(typ, array.shape[::-1])
         np.copyto(t._view(arr.ndim), arr, casting="no" if dt == arr.dtype else "equiv")
         return t
 
@@ -976,6 +1006,119 @@ def cpy(Context ctx not None, a, b):
     return ctx._adopt(ggml_cpy(ctx.ptr, ta.ptr, tb.ptr), (a, b))
 
 
+# --- flash_attn_back ------------------------------------------------------------
+# Upstream's ggml_flash_attn_back() begins with GGML_ABORT since 2024-05-23, but the
+# CPU kernel for GGML_OP_FLASH_ATTN_BACK still runs. pyggml builds the node as the
+# seed (upstream's builder before the abort) did; every GGML_ASSERT of the seed and
+# every precondition of the kernel is checked here first.
+
+cdef inline object _pad(object x, object n):
+    # GGML_PAD(x, n), in Python ints: no overflow
+    return (x + n - 1) // n * n
+
+
+def flash_attn_back_offsets(q, k, v):
+    """flash_attn_back_offsets(q, k, v) -> (offs_q, offs_k, offs_v, end)
+
+    Byte offsets of grad_q, grad_k and grad_v in the result of
+    :func:`flash_attn_back`, and its padded end, as the seed computes them:
+    each gradient is ``nelements * 4`` bytes, padded to ``GGML_MEM_ALIGN``.
+    """
+    cdef Tensor tq = _need_tensor(q, "q"), tk = _need_tensor(k, "k"), tv = _need_tensor(v, "v")
+    cdef size_t tsize = ggml_type_size(GGML_TYPE_F32)
+    offs_q = 0
+    offs_k = offs_q + _pad(ggml_nelements(tq.ptr) * tsize, GGML_MEM_ALIGN)
+    offs_v = offs_k + _pad(ggml_nelements(tk.ptr) * tsize, GGML_MEM_ALIGN)
+    end = offs_v + _pad(ggml_nelements(tv.ptr) * tsize, GGML_MEM_ALIGN)
+    return offs_q, offs_k, offs_v, end
+
+
+UPSTREAM_DEFECT_FAB_BATCH_GQA = (
+    "upstream ggml defect: the FLASH_ATTN_BACK CPU kernel strides grad_k and grad_v "
+    "over ne3 with q's ne2 (nbgk3 = nb0*nek0*nek1*neq2, nbgv3 likewise) instead of "
+    "k's, so with ne3 > 1 and kvne2 < ne2 it writes past its result tensor")
+
+
+cdef int _need_flash_attn_back(Tensor q, Tensor k, Tensor v, Tensor d) except -1:
+    """The seed's GGML_ASSERTs, then the kernel's own preconditions."""
+    cdef str op = "flash_attn_back"
+    D, N, M = q.ptr.ne[0], q.ptr.ne[1], k.ptr.ne[1]
+    ne2, ne3, kvne2 = q.ptr.ne[2], q.ptr.ne[3], k.ptr.ne[2]
+    for arg, t in (("q", q), ("k", k), ("v", v), ("d", d)):
+        _need_type(t, arg, op, _F32)      # the kernel reads all four as float
+        if ggml_nelements(t.ptr) == 0:
+            raise ValueError(f"{op}: {arg} is empty (ne={t.ne})")
+    # seed: GGML_ASSERT(ggml_can_mul_mat(k, q))
+    if k.ptr.ne[0] != q.ptr.ne[0]:
+        raise ValueError(f"{op}: k.ne[0]={k.ptr.ne[0]} must equal q.ne[0]=D={D}")
+    if q.ptr.ne[2] % k.ptr.ne[2] != 0:
+        raise ValueError(f"{op}: q.ne[2]=ne2={ne2} must be a multiple of k.ne[2]=kvne2={kvne2}")
+    if q.ptr.ne[3] % k.ptr.ne[3] != 0 or k.ptr.ne[3] != ne3:
+        raise ValueError(f"{op}: k.ne[3]={k.ptr.ne[3]} must equal q.ne[3]=ne3={ne3}")
+    checks = (
+        ("v.ne[0]", v.ptr.ne[0], "M", M), ("v.ne[1]", v.ptr.ne[1], "D", D),
+        ("d.ne[0]", d.ptr.ne[0], "D", D), ("d.ne[1]", d.ptr.ne[1], "N", N),
+        ("v.ne[2]", v.ptr.ne[2], "kvne2", kvne2), ("v.ne[3]", v.ptr.ne[3], "ne3", ne3),
+        ("d.ne[2]", d.ptr.ne[2], "ne2", ne2), ("d.ne[3]", d.ptr.ne[3], "ne3", ne3),
+    )
+    for name, got, want_name, want in checks:
+        if got != want:
+            raise ValueError(f"{op}: {name}={got} must equal {want_name}={want} "
+                             f"(q [D,N,ne2,ne3]={q.ne}, k [D,M,kvne2,ne3]={k.ne}, "
+                             f"v [M,D,kvne2,ne3]={v.ne}, d [D,N,ne2,ne3]={d.ne})")
+    # the kernel: P = M - N >= 0, rows of q, k, v contiguous
+    if M < N:
+        raise ValueError(f"{op}: M={M} keys must be >= N={N} queries (the kernel asserts P = M - N >= 0)")
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        _need_rows_contiguous(t, arg, op)
+    # the kernel indexes with int: keep every count it loops over within int32
+    for name, val in (("D", D), ("N", N), ("M", M), ("ne2", ne2), ("kvne2*ne3", kvne2 * ne3)):
+        if val > 2147483647 // 2:
+            raise ValueError(f"{op}: {name}={val} is too large for the kernel's int indices")
+    if ne3 > 1 and kvne2 < ne2:
+        raise ValueError(f"{op}: refused for ne3={ne3} > 1 with kvne2={kvne2} < ne2={ne2}: "
+                         f"{UPSTREAM_DEFECT_FAB_BATCH_GQA}. Build one node per ne3 slice "
+                         f"(pyggml.attention_backward does).")
+    return 0
+
+
+def flash_attn_back(Context ctx not None, q, k, v, d, masked):
+    """flash_attn_back(ctx, q, k, v, d, masked) -> Tensor
+
+    The seed's ``ggml_flash_attn_back``: a GGML_OP_FLASH_ATTN_BACK node whose
+    result packs grad_q, grad_k and grad_v (see :func:`flash_attn_back_offsets`).
+
+    Shapes, ggml order: q ``[D,N,ne2,ne3]``, k ``[D,M,kvne2,ne3]``,
+    v ``[M,D,kvne2,ne3]`` (transposed), d ``[D,N,ne2,ne3]`` (the gradient of
+    the attention output). All F32; rows of q, k, v contiguous; ``M >= N``;
+    ``ne2 % kvne2 == 0``, query head h using kv head ``h % kvne2``.
+    ``masked``: key j is hidden from query i when ``j > (M - N) + i``.
+
+    The result is a 1-D F32 tensor of ``(end + 3) // 4`` elements with
+    ``op_params[0] = masked`` and ``src[0..3] = q, k, v, d``. Raises ValueError
+    for ne3 > 1 with kvne2 < ne2 (an upstream kernel defect, see
+    ``UPSTREAM_DEFECT_FAB_BATCH_GQA``).
+    """
+    cdef Tensor tq = _need_tensor(q, "q"), tk = _need_tensor(k, "k")
+    cdef Tensor tv = _need_tensor(v, "v"), td = _need_tensor(d, "d")
+    if type(masked) is not bool and masked not in (0, 1):
+        raise TypeError(f"flash_attn_back: masked must be a bool, not {masked!r}")
+    _need_flash_attn_back(tq, tk, tv, td)
+    offs_q, offs_k, offs_v, end = flash_attn_back_offsets(q, k, v)
+    cdef size_t tsize = ggml_type_size(GGML_TYPE_F32)
+    cdef int64_t ne[1]
+    ne[0] = (end + tsize - 1) // tsize
+    ctx._reserve_tensor(_data_nbytes(GGML_TYPE_F32, ne[0], 1, 1, 1), "flash_attn_back")
+    cdef ggml_tensor * result = ggml_new_tensor(ctx.ptr, GGML_TYPE_F32, 1, ne)
+    result.op_params[0] = 1 if masked else 0      # ggml_set_op_params(result, &masked_i, 4)
+    result.op = GGML_OP_FLASH_ATTN_BACK
+    result.src[0] = tq.ptr
+    result.src[1] = tk.ptr
+    result.src[2] = tv.ptr
+    result.src[3] = td.ptr
+    return ctx._adopt(result, (q, k, v, d))
+
+
 # --- a set of tensor addresses ---------------------------------------------------
 
 cdef inline size_t _ptr_hash(uintptr_t key) nogil:
@@ -1085,6 +1228,7 @@ cdef class Graph:
     cdef set _ctxs          # contexts whose tensors the graph reaches
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
+    cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
     cdef bint _busy
 
     def __cinit__(self, Context ctx not None, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
@@ -1138,6 +1282,7 @@ cdef class Graph:
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
+        cdef int64_t fab_mxdm = 0
         # One buffer: the DFS stack grows from the front, the added list from the back.
         # Small graphs use the array on the C stack; larger ones move to the heap.
         cdef ggml_tensor * local[64]
@@ -1176,6 +1321,8 @@ cdef class Graph:
                     new_nodes += 1
                 if p.data == NULL and unallocated == NULL:
                     unallocated = p
+                if p.op == GGML_OP_FLASH_ATTN_BACK and p.src[0] != NULL and p.src[1] != NULL:
+                    fab_mxdm = max(fab_mxdm, p.src[0].ne[0], (p.src[1].ne[1] + 63) // 64 * 64)
                 for i in range(GGML_MAX_SRC):
                     if p.src[i] != NULL:
                         buf[sp] = p.src[i]
@@ -1193,6 +1340,7 @@ cdef class Graph:
         self._n_leafs += new_leafs
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
+        self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
         if tensor.ctx not in self._ctxs:
             self._ctxs.add(tensor.ctx)
         if tensor.ctx._deps:
@@ -1216,6 +1364,24 @@ cdef class Graph:
             if c._holds(p):
                 return _wrap(c, p)
         raise RuntimeError("graph node belongs to no context pyggml knows")
+
+    cdef size_t _fab_work_size(self, int n_threads):
+        # Upstream defect: for FLASH_ATTN_BACK, ggml_graph_plan reserves
+        # 4*max(D, Mup)*n_tasks floats (+ a cache line per thread), but the kernel
+        # gives thread ith the floats from ith*2*(max(D, Mup) + CACHE_LINE_SIZE_F32):
+        # with D < 8 and M <= 4 and 3 or more threads it reads and writes past the
+        # plan's buffer. pyggml owns the work buffer, so it sizes it for the kernel
+        # (cache lines up to 256 bytes, Mup rounded to 64); tests/test_flash_attn_back.py
+        # shows the plan's shortfall.
+        if self._fab_mxdm == 0:
+            return 0
+        return 4 * 2 * <size_t>n_threads * <size_t>(self._fab_mxdm + 64)
+
+    def work_size(self, n_threads):
+        """work_size(n_threads) -> int: bytes of work buffer ``ggml_graph_plan`` asks for."""
+        self._check()
+        cdef int n = _need_int32(n_threads, "n_threads", 1)
+        return ggml_graph_plan(self.ptr, n, NULL).work_size
 
     def compute(self, n_threads=None):
         """compute(n_threads=None)
@@ -1248,9 +1414,10 @@ cdef class Graph:
         else:
             keep = [c.pool for c in self._ctxs]
         cdef ggml_cplan plan = ggml_graph_plan(self.ptr, n, NULL)
+        cdef size_t work_size = max(plan.work_size, self._fab_work_size(n))
         cdef _Pool work = None
-        if plan.work_size > 0:
-            work = _Pool(plan.work_size)
+        if work_size > 0:
+            work = _Pool(work_size)
             plan.work_data = <uint8_t *>work.ptr
         cdef ggml_status status
         self._busy = True

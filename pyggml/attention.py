@@ -1,0 +1,165 @@
+"""Attention gradients through ggml's FLASH_ATTN_BACK kernel, from Python.
+
+* :func:`flash_attn_back_grads` and :func:`flash_attn_back_grad_tensors` take the
+  result of :func:`pyggml.flash_attn_back` apart, as numpy views or as ggml views.
+* :func:`attention_backward` is the one-call API for numpy arrays in PyTorch layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml import _core
+from pyggml._core import Context, Graph, Tensor, flash_attn_back, flash_attn_back_offsets
+
+__all__ = ["attention_backward", "flash_attn_back_grad_tensors", "flash_attn_back_grads"]
+
+
+def _fab_parts(result: Tensor):
+    if not isinstance(result, Tensor):
+        raise TypeError(f"result must be a pyggml.Tensor, not {type(result).__name__}")
+    if result.op != "FLASH_ATTN_BACK":
+        raise ValueError(f"result must be a FLASH_ATTN_BACK tensor (from flash_attn_back), not op {result.op}")
+    q, k, v = result.src[:3]
+    return (q, k, v), flash_attn_back_offsets(q, k, v)
+
+
+def flash_attn_back_grads(result: Tensor):
+    """flash_attn_back_grads(result) -> (grad_q, grad_k, grad_v)
+
+    Zero-copy numpy views of the gradients packed in ``result`` (from
+    :func:`pyggml.flash_attn_back`), at the offsets of
+    :func:`pyggml.flash_attn_back_offsets`, shaped like q, k and v (``.shape``,
+    numpy order); grad_v in v's transposed layout. Valid after the graph is
+    computed; writable; they keep the memory alive.
+    """
+    srcs, offs = _fab_parts(result)
+    data = result.numpy()                      # the whole result, float32, 1-D
+    itemsize = data.itemsize
+    out = []
+    for t, off in zip(srcs, offs[:3]):
+        start = off // itemsize
+        out.append(data[start:start + t.nelements].reshape(t.shape))
+    return tuple(out)
+
+
+def flash_attn_back_grad_tensors(ctx: Context, result: Tensor):
+    """flash_attn_back_grad_tensors(ctx, result) -> (grad_q, grad_k, grad_v)
+
+    The same gradients as ggml view tensors (``ggml_view_4d`` of ``result`` at the
+    seed's offsets, contiguous, with q's, k's and v's ne), made in ``ctx``, so
+    they can feed further ops of a graph.
+    """
+    srcs, offs = _fab_parts(result)
+    out = []
+    for t, off in zip(srcs, offs[:3]):
+        ne = t.ne
+        nb1 = 4 * ne[0]
+        out.append(_core.view_4d(ctx, result, ne[0], ne[1], ne[2], ne[3],
+                                 nb1, nb1 * ne[1], nb1 * ne[1] * ne[2], off))
+    return tuple(out)
+
+
+def _as_4d(name, x, ndim):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, not {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{name} must be float32, not {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"q, k, v and d must have the same number of dims; q has {ndim}, {name} has {x.ndim}")
+    return x.reshape((1,) * (4 - ndim) + x.shape)
+
+
+def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
+    """attention_backward(q, k, v, d, *, masked=False, n_threads=None) -> (dq, dk, dv)
+
+    Gradients of ``sum(O * d)`` for ``O = softmax(scale * Q K^T + mask) V``,
+    ``scale = 1/sqrt(D)``, computed by ggml's FLASH_ATTN_BACK CPU kernel.
+
+    Parameters
+    ----------
+    q, d : float32 arrays ``(B, H, N, D)``; ``(H, N, D)`` and ``(N, D)`` accepted.
+    k, v : float32 arrays ``(B, KVH, M, D)`` (same number of dims as q), ``M >= N``,
+        ``H % KVH == 0``. Query head h uses kv head ``h % KVH`` (the kernel's
+        tiling; torch's ``enable_gqa`` groups instead: ``h // (H // KVH)``).
+    masked : hide key j from query i when ``j > (M - N) + i``.
+    n_threads : CPU threads (default: all this process may use).
+
+    Returns
+    -------
+    dq, dk, dv shaped like q, k, v. dq and dk are views of ggml's result
+    memory; dv is a transposed view (the kernel works on v transposed, which
+    costs one copy of v on the way in). q, k and d are read in place when
+    C-contiguous. For B > 1 with KVH < H, where the upstream kernel writes out of
+    bounds (``pyggml.UPSTREAM_DEFECT_FAB_BATCH_GQA``), each batch is its own
+    node and the results are concatenated (one copy).
+    """
+    ndim = np.ndim(q)
+    if ndim not in (2, 3, 4):
+        raise ValueError(f"q must have 2, 3 or 4 dims (N, D) / (H, N, D) / (B, H, N, D), got {ndim}")
+    q4, k4, v4, d4 = (_as_4d(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("d", d)))
+    B, H, N, D = q4.shape
+    Bk, KVH, M, Dk = k4.shape
+    if k4.shape != v4.shape:
+        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+    if d4.shape != q4.shape:
+        raise ValueError(f"d must have q's shape {q.shape}, got {d.shape}")
+    if Bk != B or Dk != D:
+        raise ValueError(f"k {k.shape} must match q {q.shape} in batch and head size D")
+    if KVH == 0 or H % KVH:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads KVH={KVH}")
+    if M < N:
+        raise ValueError(f"M={M} keys must be >= N={N} queries")
+    if q4.size == 0 or k4.size == 0:
+        raise ValueError("q, k, v and d must not be empty")
+
+    qc, kc, dc = np.ascontiguousarray(q4), np.ascontiguousarray(k4), np.ascontiguousarray(d4)
+    vt = np.ascontiguousarray(v4.swapaxes(-1, -2))        # (B, KVH, D, M): the kernel's v
+    split = B > 1 and KVH < H
+    slices = [slice(b, b + 1) for b in range(B)] if split else [slice(None)]
+
+    tensor_overhead = Context(1 << 12, no_alloc=True)
+    tensor_overhead.new_tensor(_core.Type.F32, (1,))
+    per_tensor = tensor_overhead.used_mem
+    tensor_overhead.close()
+    result_bytes = sum(flash_attn_back_end(qc[s], kc[s], vt[s]) for s in slices)
+    graph_size = 8 * len(slices)
+    inputs = Context(4 * len(slices) * per_tensor, no_alloc=True)
+    work = Context(len(slices) * (per_tensor + _core.MEM_ALIGN) + result_bytes + Graph.overhead(graph_size))
+    try:
+        graph = Graph(work, graph_size)
+        results = []
+        for s in slices:
+            tq, tk, tv, td = (inputs._borrow_numpy(x[s]) for x in (qc, kc, vt, dc))
+            r = flash_attn_back(work, tq, tk, tv, td, bool(masked))
+            graph.build_forward_expand(r)
+            results.append(r)
+        graph.compute(n_threads)
+        grads = [flash_attn_back_grads(r) for r in results]
+    finally:
+        work.close()
+        inputs.close()
+
+    def full(g, shape):
+        return g.reshape(shape)
+
+    if split:
+        dq = np.concatenate([full(g[0], (1, H, N, D)) for g in grads])
+        dk = np.concatenate([full(g[1], (1, KVH, M, D)) for g in grads])
+        dvt = np.concatenate([full(g[2], (1, KVH, D, M)) for g in grads])
+    else:
+        dq = full(grads[0][0], (B, H, N, D))
+        dk = full(grads[0][1], (B, KVH, M, D))
+        dvt = full(grads[0][2], (B, KVH, D, M))
+    dv = dvt.swapaxes(-1, -2)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def flash_attn_back_end(q4: np.ndarray, k4: np.ndarray, vt4: np.ndarray) -> int:
+    """Bytes of the result of one flash_attn_back node over these arrays (the seed's ``end``)."""
+    align = _core.MEM_ALIGN
+
+    def pad(x):
+        return (x + align - 1) // align * align
+
+    return pad(4 * q4.size) + pad(4 * k4.size) + pad(4 * vt4.size)
