@@ -1378,10 +1378,19 @@ cdef class Graph:
         return 4 * 2 * <size_t>n_threads * <size_t>(self._fab_mxdm + 64)
 
     def work_size(self, n_threads):
-        """work_size(n_threads) -> int: bytes of work buffer ``ggml_graph_plan`` asks for."""
+        """work_size(n_threads) -> int
+
+        Bytes of work buffer ``compute(n_threads)`` allocates: what
+        ``ggml_graph_plan`` asks for, or more where a kernel is known to use more.
+        """
         self._check()
         cdef int n = _need_int32(n_threads, "n_threads", 1)
-        return ggml_graph_plan(self.ptr, n, NULL).work_size
+        return max(ggml_graph_plan(self.ptr, n, NULL).work_size, self._fab_work_size(n))
+
+    def _plan_work_size(self, n_threads):
+        """Bytes ``ggml_graph_plan`` alone asks for (to show upstream's shortfall)."""
+        self._check()
+        return ggml_graph_plan(self.ptr, _need_int32(n_threads, "n_threads", 1), NULL).work_size
 
     def compute(self, n_threads=None):
         """compute(n_threads=None)
