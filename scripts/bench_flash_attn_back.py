@@ -88,7 +88,7 @@ def main() -> int:
           f"best of {args.repeat}; build: native={pyggml.build_info()['native']} "
           f"openmp={pyggml.build_info()['openmp']}")
     head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'masked':>6} | {'kernel s':>9} {'GFLOP/s':>8} | "
-            f"{'e2e s':>8} {'e2e/kern':>8} | {'torch s':>8} {'GFLOP/s':>8} {'torch/e2e':>9} | {'numpy s':>8}")
+            f"{'e2e s':>8} {'e2e/kern':>8} | {'torch s':>8} {'GFLOP/s':>8} {'e2e/torch':>9} | {'numpy s':>8}")
     print(head)
     print("-" * len(head))
     worst = 0.0
