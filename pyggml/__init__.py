@@ -53,6 +53,8 @@ from pyggml._core import (
     reshape_3d,
     reshape_4d,
     scale,
+    set_loss,
+    set_param,
     soft_max,
     sqr,
     sqrt,
@@ -81,6 +83,6 @@ __all__ = [
     "add", "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "reference", "cont", "cpy", "diag_mask_inf", "div", "ggml_version", "mean",
     "mul", "mul_mat", "permute", "repeat", "reshape", "reshape_1d", "reshape_2d",
-    "reshape_3d", "reshape_4d", "scale", "soft_max", "sqr", "sqrt", "sub", "sum",
+    "reshape_3d", "reshape_4d", "scale", "set_loss", "set_param", "soft_max", "sqr", "sqrt", "sub", "sum",
     "transpose", "view_1d", "view_2d", "view_3d", "view_4d",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``pyggml demo``, ``pyggml info`` (also ``python -m pyggml ...``)."""
+"""Command line: ``pyggml demo | info | parity`` (also ``python -m pyggml ...``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("demo", help="build and compute a small graph, print the result")
     sub.add_parser("info", help="print how this pyggml was built (ggml version, source, flags)")
+    par = sub.add_parser("parity", help="compare attention gradients along independent paths")
+    par.add_argument("--quick", action="store_true", help="a subset of the sweep (seconds, not minutes)")
+    par.add_argument("--json", metavar="PATH", help="write the comparisons as JSON")
+    par.add_argument("--junit", metavar="PATH", help="write the comparisons as JUnit XML")
+    par.add_argument("--threads", type=int, default=None, help="CPU threads for ggml and torch")
+    par.add_argument("--no-torch", action="store_true", help="leave torch out even if importable")
+    par.add_argument("--paths", help="comma-separated subset of kernel,autodiff,reference,torch")
     args = ap.parse_args(argv)
+    if args.cmd == "parity":
+        from pyggml import parity
+
+        return parity.main(quick=args.quick, json_path=args.json, junit_path=args.junit,
+                           n_threads=args.threads, no_torch=args.no_torch,
+                           paths=args.paths.split(",") if args.paths else None)
     return {"demo": demo, "info": info}[args.cmd]()
 
 

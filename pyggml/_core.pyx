@@ -22,6 +22,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AsString
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.signal cimport SIG_DFL, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGSEGV, signal
 from libc.string cimport memcpy, strlen
 
 cimport numpy as cnp
@@ -1006,6 +1007,39 @@ def cpy(Context ctx not None, a, b):
     return ctx._adopt(ggml_cpy(ctx.ptr, ta.ptr, tb.ptr), (a, b))
 
 
+# --- autodiff ---------------------------------------------------------------------
+
+def set_param(t):
+    """set_param(t): mark ``t`` as a parameter: graphs with grads compute its gradient.
+
+    ``t`` must be made by new_tensor/from_numpy (op NONE), F32 or F16, and be marked
+    before the graph that uses it is expanded.
+    """
+    cdef Tensor tensor = _need_tensor(t, "t")
+    if tensor.ptr.op != GGML_OP_NONE:
+        raise ValueError(f"set_param: t must be an input tensor (op NONE), not the result of {tensor.op}")
+    _need_type(tensor, "t", "set_param", _F32 | _bit(GGML_TYPE_F16))
+    ggml_set_param(tensor.ptr)
+
+
+def set_loss(t):
+    """set_loss(t): mark the scalar F32 tensor ``t`` as a loss (its gradient starts at 1)."""
+    cdef Tensor tensor = _need_tensor(t, "t")
+    _need_type(tensor, "t", "set_loss", _F32)
+    if ggml_nelements(tensor.ptr) != 1:
+        raise ValueError(f"set_loss: t must be a scalar (1 element), got ne={tensor.ne}")
+    ggml_set_loss(tensor.ptr)
+
+
+cdef struct _backward_args:
+    ggml_context * ctx
+    ggml_cgraph * graph
+
+cdef void _backward_call(void * arg) noexcept nogil:
+    cdef _backward_args * a = <_backward_args *>arg
+    ggml_build_backward_expand(a.ctx, a.graph, NULL)
+
+
 # --- flash_attn_back ------------------------------------------------------------
 # Upstream's ggml_flash_attn_back() begins with GGML_ABORT since 2024-05-23, but the
 # CPU kernel for GGML_OP_FLASH_ATTN_BACK still runs. pyggml builds the node as the
@@ -1200,6 +1234,93 @@ cdef class _PtrSet:
                 i = j
 
 
+# --- running a ggml call in a forked child first ------------------------------------
+# Some ggml calls build many tensors from rules too involved to re-check in Python
+# (ggml_build_backward_expand: one rule per op, asserts deep inside). pyggml runs
+# such a call first in a forked child, on a copy-on-write copy of the process: if
+# ggml aborts there, the parent raises with ggml's own message; if it succeeds,
+# the parent makes the same, deterministic call for real.
+
+cdef extern from "<unistd.h>" nogil:
+    ctypedef int pid_t
+    pid_t fork()
+    int pipe(int * fds)
+    ssize_t write(int fd, const void * buf, size_t n)
+    ssize_t read(int fd, void * buf, size_t n)
+    int close(int fd)
+    int dup2(int oldfd, int newfd)
+    void _exit(int status)
+
+cdef extern from "<sys/wait.h>" nogil:
+    pid_t waitpid(pid_t pid, int * status, int options)
+    bint WIFEXITED(int status)
+    int WEXITSTATUS(int status)
+    bint WIFSIGNALED(int status)
+    int WTERMSIG(int status)
+
+ctypedef void (*_guarded_fn)(void * arg) noexcept nogil
+
+cdef int _child_fd = -1
+
+cdef void _child_abort_cb(const char * msg) noexcept nogil:
+    write(_child_fd, msg, strlen(msg))
+    write(_child_fd, b"\n", 1)
+
+cdef void _child_log_cb(ggml_log_level level, const char * text, void * user_data) noexcept nogil:
+    write(_child_fd, text, strlen(text))
+
+
+cdef int _dry_run(_guarded_fn fn, void * arg, str what) except -1:
+    """Run fn(arg) in a forked child; raise MemoryError/ValueError if ggml aborts there."""
+    cdef int fds[2]
+    cdef int status = 0
+    cdef pid_t pid
+    cdef char buf[4096]
+    cdef ssize_t n
+    if pipe(fds) != 0:
+        raise OSError("pipe() failed")
+    pid = fork()
+    if pid < 0:
+        close(fds[0]); close(fds[1])
+        raise OSError("fork() failed")
+    if pid == 0:                       # the child: C only, then _exit
+        global _child_fd
+        close(fds[0])
+        _child_fd = fds[1]
+        dup2(fds[1], 2)
+        # the parent's fatal-signal handlers (faulthandler) would report the
+        # child's expected abort as a crash of the interpreter
+        signal(SIGABRT, SIG_DFL)
+        signal(SIGSEGV, SIG_DFL)
+        signal(SIGBUS, SIG_DFL)
+        signal(SIGFPE, SIG_DFL)
+        signal(SIGILL, SIG_DFL)
+        ggml_set_abort_callback(_child_abort_cb)
+        ggml_log_set(_child_log_cb, NULL)
+        fn(arg)
+        _exit(0)
+    close(fds[1])
+    chunks = []
+    while True:
+        with nogil:
+            n = read(fds[0], buf, sizeof(buf))
+        if n <= 0:
+            break
+        chunks.append(buf[:n])
+    close(fds[0])
+    with nogil:
+        waitpid(pid, &status, 0)
+    if WIFEXITED(status) and WEXITSTATUS(status) == 0:
+        return 0
+    msg = b"".join(chunks).decode("utf-8", "replace").strip()
+    if "not enough space in the context's memory pool" in msg:
+        raise MemoryError(f"{what}: the context is too small for what ggml would create ({msg})")
+    if "cgraph->size" in msg:
+        raise ValueError(f"{what}: the graph is too small for the nodes ggml would add ({msg})")
+    sig = f"signal {WTERMSIG(status)}" if WIFSIGNALED(status) else f"exit {WEXITSTATUS(status)}"
+    raise ValueError(f"{what}: ggml would abort ({sig}): {msg or 'no message'}")
+
+
 # --- Graph ----------------------------------------------------------------------
 
 cdef int _default_threads():
@@ -1376,6 +1497,93 @@ cdef class Graph:
         if self._fab_mxdm == 0:
             return 0
         return 4 * 2 * <size_t>n_threads * <size_t>(self._fab_mxdm + 64)
+
+    def build_backward_expand(self, Context ctx=None):
+        """build_backward_expand(ctx=None)
+
+        ``ggml_build_backward_expand(ctx, graph, NULL)``: add the backward pass
+        of every loss (``set_loss``) with respect to every parameter
+        (``set_param``) to this graph (made with ``grads=True``), creating the
+        gradient tensors in ``ctx`` (default: the graph's context). Then
+        initialise the gradients as ``ggml_graph_reset`` does (loss gradient 1,
+        accumulators 0), so a compute gives the gradients at once.
+
+        ggml aborts on many conditions here (ops without a backward, context or
+        graph too small, ...); pyggml first runs the call in a forked child and
+        raises ValueError or MemoryError with ggml's message if it aborts there.
+        """
+        self._check()
+        if ctx is None:
+            ctx = self.ctx
+        _need_open(ctx)
+        if not self.grads:
+            raise ValueError("build_backward_expand: the graph was made without gradients; use Graph(ctx, size, grads=True)")
+        cdef int i, n = ggml_graph_n_nodes(self.ptr)
+        cdef bint any_param = False, any_loss = False
+        cdef ggml_tensor * p
+        for i in range(n):
+            p = ggml_graph_node(self.ptr, i)
+            any_param = any_param or (p.flags & GGML_TENSOR_FLAG_PARAM) != 0
+            any_loss = any_loss or (p.flags & GGML_TENSOR_FLAG_LOSS) != 0
+        if not any_param:
+            raise ValueError("build_backward_expand: no parameter among the graph's nodes; "
+                             "call set_param on inputs before build_forward_expand")
+        if not any_loss:
+            raise ValueError("build_backward_expand: no loss among the graph's nodes; call set_loss on a scalar output")
+        if ctx.no_alloc:
+            raise ValueError("build_backward_expand: ctx is no_alloc; gradients need memory")
+        if self._unallocated is not None:
+            raise ValueError("build_backward_expand: the graph has tensors without data (from a no_alloc context)")
+        cdef _backward_args args
+        args.ctx = ctx.ptr
+        args.graph = self.ptr
+        _dry_run(_backward_call, &args, "build_backward_expand")
+        ggml_build_backward_expand(ctx.ptr, self.ptr, NULL)
+        self._ctxs.add(ctx)
+        self._ctxs.update(ctx._deps)
+        self._track_new_nodes(n)
+        ggml_graph_reset(self.ptr)
+
+    cdef int _track_new_nodes(self, int first) except -1:
+        """Account for nodes ggml added from index ``first`` on (and their leafs)."""
+        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        cdef list stack = []
+        for i in range(first, n):
+            stack.append(<uintptr_t>ggml_graph_node(self.ptr, i))
+        while stack:
+            p = <ggml_tensor *><uintptr_t>stack.pop()
+            if not self._seen.add(<uintptr_t>p):
+                continue
+            if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
+                self._n_leafs += 1
+            else:
+                self._n_nodes += 1
+            for j in range(GGML_MAX_SRC):
+                s = p.src[j]
+                if s != NULL:
+                    stack.append(<uintptr_t>s)
+        return 0
+
+    def reset(self):
+        """reset(): ``ggml_graph_reset``: loss gradients to 1, other gradients to 0."""
+        self._check()
+        if not self.grads:
+            raise ValueError("reset: the graph was made without gradients")
+        if self._unallocated is not None:
+            raise ValueError("reset: the graph has tensors without data (from a no_alloc context)")
+        ggml_graph_reset(self.ptr)
+
+    def grad(self, t):
+        """grad(t) -> Tensor or None: the gradient of the losses with respect to ``t``
+        (``ggml_graph_get_grad``), None if the graph has none for it."""
+        self._check()
+        cdef Tensor tensor = _need_tensor(t, "t")
+        cdef ggml_tensor * g = ggml_graph_get_grad(self.ptr, tensor.ptr)
+        if g == NULL:
+            return None
+        return self._tensor(g)
 
     def work_size(self, n_threads):
         """work_size(n_threads) -> int

@@ -72,6 +72,14 @@ cdef extern from "ggml.h" nogil:
         void * data
         char name[GGML_MAX_NAME]
 
+    enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE
+
+    ctypedef void (*ggml_abort_callback_t)(const char * error_message)
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
+    ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback)
+    void ggml_log_set(ggml_log_callback log_callback, void * user_data)
+
     const char * c_ggml_version "ggml_version"()   # renamed: pyggml.ggml_version is the Python function
     const char * ggml_commit()
     const char * ggml_status_to_string(ggml_status status)

@@ -1,0 +1,145 @@
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+
+
+def grads_of(ctx, build, *arrays, size=256):
+    """Mark arrays as params, build loss = build(ctx, *tensors), return (loss, grads)."""
+    ts = [ctx.from_numpy(a) for a in arrays]
+    for t in ts:
+        pyggml.set_param(t)
+    loss = build(ctx, *ts)
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, size, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    g.compute(2)
+    return loss.numpy()[0], [g.grad(t).numpy().copy() for t in ts]
+
+
+def test_grad_of_sum_of_squares(ctx):
+    x = np.array([1.0, -2.0, 3.5], np.float32)
+    loss, (gx,) = grads_of(ctx, lambda c, t: pyggml.sum(c, pyggml.sqr(c, t)), x)
+    assert loss == pytest.approx(float(np.sum(x * x)))
+    np.testing.assert_allclose(gx, 2 * x)
+
+
+def test_grad_of_mul_mat_and_softmax(ctx, rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)      # ne (5, 3)
+    b = rng.standard_normal((4, 5)).astype(np.float32)      # ne (5, 4)
+    w = rng.standard_normal((4, 3)).astype(np.float32)      # weights for the loss
+
+    def build(c, ta, tb):
+        p = pyggml.soft_max(c, pyggml.mul_mat(c, ta, tb))   # (4, 3) = softmax(b @ a.T)
+        return pyggml.sum(c, pyggml.mul(c, p, c.from_numpy(w)))
+
+    _, (ga, gb) = grads_of(ctx, build, a, b)
+    s = b.astype(np.float64) @ a.T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    ds = p * (w - (w * p).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(ga, ds.T @ b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gb, ds @ a, rtol=1e-4, atol=1e-5)
+
+
+def test_grad_is_none_for_non_params(ctx):
+    x = ctx.from_numpy(np.ones(3, np.float32))
+    y = ctx.from_numpy(np.ones(3, np.float32))
+    pyggml.set_param(x)
+    loss = pyggml.sum(ctx, pyggml.mul(ctx, x, y))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    g.compute(1)
+    assert g.grad(y) is None
+    np.testing.assert_array_equal(g.grad(x).numpy(), np.ones(3))
+    g.reset()
+    g.compute(1)
+    np.testing.assert_array_equal(g.grad(x).numpy(), np.ones(3))
+
+
+def test_set_param_and_set_loss_errors(ctx):
+    x = ctx.new_tensor(Type.F32, (3,))
+    s = pyggml.sqr(ctx, x)
+    with pytest.raises(ValueError, match="set_param: t must be an input tensor .op NONE., not the result of SQR"):
+        pyggml.set_param(s)
+    with pytest.raises(TypeError, match="set_param: t has type I32"):
+        pyggml.set_param(ctx.new_tensor(Type.I32, (3,)))
+    with pytest.raises(ValueError, match=r"set_loss: t must be a scalar \(1 element\), got ne=\(3, 1, 1, 1\)"):
+        pyggml.set_loss(s)
+    with pytest.raises(TypeError, match="set_loss: t has type F16"):
+        pyggml.set_loss(ctx.new_tensor(Type.F16, (1,)))
+    with pytest.raises(TypeError, match="t must be a pyggml.Tensor"):
+        pyggml.set_param(None)
+
+
+def _loss_graph(ctx, param=True, loss=True, grads=True, size=256):
+    x = ctx.from_numpy(np.ones(3, np.float32))
+    if param:
+        pyggml.set_param(x)
+    out = pyggml.sum(ctx, pyggml.sqr(ctx, x))
+    if loss:
+        pyggml.set_loss(out)
+    g = pyggml.Graph(ctx, size, grads=grads)
+    g.build_forward_expand(out)
+    return g
+
+
+def test_build_backward_expand_precondition_errors(ctx):
+    with pytest.raises(ValueError, match=r"made without gradients; use Graph\(ctx, size, grads=True\)"):
+        _loss_graph(ctx, grads=False).build_backward_expand()
+    with pytest.raises(ValueError, match="no parameter among the graph's nodes"):
+        _loss_graph(ctx, param=False).build_backward_expand()
+    with pytest.raises(ValueError, match="no loss among the graph's nodes"):
+        _loss_graph(ctx, loss=False).build_backward_expand()
+    with pytest.raises(ValueError, match="no parameter"):
+        pyggml.Graph(ctx, grads=True).build_backward_expand()
+    with pytest.raises(ValueError, match="no_alloc"):
+        _loss_graph(ctx).build_backward_expand(pyggml.Context(1 << 20, no_alloc=True))
+
+
+def test_graph_too_small_for_the_backward_pass(ctx):
+    g = _loss_graph(ctx, size=3)
+    with pytest.raises(ValueError, match="graph is too small for the nodes ggml would add"):
+        g.build_backward_expand()
+    assert g.n_nodes == 3                # nothing happened in this process
+    g.compute(1)
+
+
+def test_context_too_small_for_the_gradients():
+    probe = pyggml.Context(1 << 20)
+    _loss_graph(probe, size=16)
+    need = probe.used_mem
+    with pyggml.Context(need + 64) as ctx:
+        g = _loss_graph(ctx, size=16)
+        with pytest.raises(MemoryError, match="the context is too small for what ggml would create"):
+            g.build_backward_expand()
+        g.compute(1)                     # the parent's graph is untouched and usable
+
+
+def test_op_without_backward_is_refused(ctx, rng):
+    # FLASH_ATTN_BACK has no backward in ggml: ggml would abort; pyggml raises
+    q = ctx.from_numpy(rng.standard_normal((1, 2, 2, 4)).astype(np.float32))
+    k = ctx.from_numpy(rng.standard_normal((1, 2, 3, 4)).astype(np.float32))
+    v = ctx.from_numpy(rng.standard_normal((1, 2, 4, 3)).astype(np.float32))
+    d = ctx.from_numpy(rng.standard_normal((1, 2, 2, 4)).astype(np.float32))
+    pyggml.set_param(q)
+    r = pyggml.flash_attn_back(ctx, q, k, v, d, False)
+    loss = pyggml.sum(ctx, r)
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, grads=True)
+    g.build_forward_expand(loss)
+    with pytest.raises(ValueError, match="ggml would abort .*unsupported ggml op for backward pass: FLASH_ATTN_BACK"):
+        g.build_backward_expand()
+
+
+def test_reset_and_grad_errors(ctx):
+    g = pyggml.Graph(ctx)
+    with pytest.raises(ValueError, match="without gradients"):
+        g.reset()
+    with pytest.raises(TypeError, match="t must be a pyggml.Tensor"):
+        g.grad("x")
+    assert g.grad(ctx.new_tensor(Type.F32, (1,))) is None
