@@ -131,17 +131,31 @@ def ggml_version():
 def build_info():
     """build_info() -> dict: how this pyggml was built.
 
-    Keys: ``ggml_version``, ``ggml_commit``, ``ggml_source`` (where the ggml tree
-    came from), ``mem_align``, ``native``, ``openmp``.
+    Keys: ``ggml_version``, ``ggml_commit``, ``ggml_source`` (``pypi:...`` or
+    ``src:PATH`` for a vendored build, ``system:CONFIG_DIR`` for an installed
+    ggml), ``mem_align``, ``native`` and ``openmp`` (None for a system ggml),
+    ``features`` (the compile-time feature checks).
     """
     return {
         "ggml_version": c_ggml_version().decode(),
         "ggml_commit": ggml_commit().decode(),
         "ggml_source": PYGGML_GGML_ORIGIN.decode(),
         "mem_align": GGML_MEM_ALIGN,
-        "native": PYGGML_NATIVE_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES"),
-        "openmp": PYGGML_OPENMP_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES"),
+        "native": _flag(PYGGML_NATIVE_FLAG),
+        "openmp": _flag(PYGGML_OPENMP_FLAG),
+        "features": {
+            "ggml_version": bool(PYGGML_HAVE_GGML_VERSION),
+            "abort_callback": bool(PYGGML_HAVE_ABORT_CALLBACK),
+            "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),
+        },
     }
+
+
+cdef object _flag(const char * value):
+    v = value.decode().upper()
+    if v == "UNKNOWN":
+        return None          # a system ggml: pyggml did not build it
+    return v in ("ON", "1", "TRUE", "YES")
 
 
 # --- the memory pool ---------------------------------------------------------
@@ -1133,6 +1147,8 @@ def flash_attn_back(Context ctx not None, q, k, v, d, masked):
     for ne3 > 1 with kvne2 < ne2 (an upstream kernel defect, see
     ``UPSTREAM_DEFECT_FAB_BATCH_GQA``).
     """
+    if not PYGGML_HAVE_FLASH_ATTN_BACK:
+        raise NotImplementedError(f"flash_attn_back: ggml {c_ggml_version().decode()} has no GGML_OP_FLASH_ATTN_BACK")
     cdef Tensor tq = _need_tensor(q, "q"), tk = _need_tensor(k, "k")
     cdef Tensor tv = _need_tensor(v, "v"), td = _need_tensor(d, "d")
     if type(masked) is not bool and masked not in (0, 1):

@@ -6,7 +6,15 @@
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-cdef extern from "ggml.h" nogil:
+cdef extern from "_compat.h" nogil:
+    # _compat.h includes ggml.h and ggml-cpu.h and fills in what an older or newer
+    # ggml lacks (PYGGML_HAVE_* from CMake's feature checks)
+    enum:
+        PYGGML_HAVE_GGML_VERSION
+        PYGGML_HAVE_ABORT_CALLBACK
+        PYGGML_HAVE_FLASH_ATTN_BACK
+
+cdef extern from "_compat.h" nogil:
     enum:
         GGML_MAX_DIMS
         GGML_MAX_SRC
@@ -138,7 +146,7 @@ cdef extern from "ggml.h" nogil:
     void ggml_graph_reset(ggml_cgraph * cgraph)
 
 
-cdef extern from "ggml-cpu.h" nogil:
+cdef extern from "_compat.h" nogil:   # ggml-cpu.h
     struct ggml_threadpool:
         pass
 
