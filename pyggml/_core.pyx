@@ -526,6 +526,15 @@ cdef ggml_type _need_type_arg(object typ) except? GGML_TYPE_COUNT:
 
 # --- Tensor ------------------------------------------------------------------
 
+cdef inline int _shape_ndims(const ggml_tensor * p):
+    # ggml_n_dims counts up to the last dimension > 1; a 0 beyond it must stay
+    cdef int i, n = ggml_n_dims(p)
+    for i in range(n, GGML_MAX_DIMS):
+        if p.ne[i] == 0:
+            n = i + 1
+    return n
+
+
 cdef inline Tensor _wrap(Context ctx, ggml_tensor * p):
     cdef Tensor t = Tensor.__new__(Tensor)
     t.ptr = p
@@ -590,9 +599,10 @@ cdef class Tensor:
 
     @property
     def shape(self):
-        """numpy-order shape: ``ne[:n_dims]`` reversed."""
+        """numpy-order shape: ``ne[:n_dims]`` reversed (and any dimension of 0 kept,
+        which ``ggml_n_dims`` ignores, so an empty tensor has an empty shape)."""
         self._check()
-        cdef int n = ggml_n_dims(self.ptr)
+        cdef int n = _shape_ndims(self.ptr)
         return tuple(self.ptr.ne[i] for i in range(n - 1, -1, -1))
 
     @property
@@ -711,7 +721,7 @@ cdef class Tensor:
         after the context is closed. BF16 data is shown as ``uint16`` bits.
         """
         self._check()
-        return self._view(ggml_n_dims(self.ptr))
+        return self._view(_shape_ndims(self.ptr))
 
 
 # --- ops -----------------------------------------------------------------------

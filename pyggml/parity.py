@@ -269,7 +269,7 @@ def summary(rows) -> dict:
 
 
 def write_json(rows, path, meta=None) -> None:
-    doc = {"comparisons": [
+    doc: dict = {"comparisons": [
         {"case": r["case"], "a": r["a"], "b": r["b"], "nmse": r["nmse"], "ok": r["ok"],
          "max_abs": r["max_abs"], "tol": r["tol"], "refused": r["refused"]} for r in rows]}
     doc.update(summary(rows))

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ["vendored", "pypi:libggml-python==0.9.4", "pypi:libggml-python==0.13.1",
@@ -89,7 +90,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     step = Step(out / "log.txt")
-    row = {"spec": spec, "ggml_version": None, "built": False, "tests_ok": False, "parity_ok": False,
+    row: dict[str, Any] = {"spec": spec, "ggml_version": None, "built": False, "tests_ok": False, "parity_ok": False,
            "worst_nmse": None, "known_defects": [], "seconds": 0.0, "log": str(out / "log.txt")}
     t0 = time.perf_counter()
     venv = out / "venv"

@@ -121,13 +121,17 @@ def _extract_subdir(sdist: Path, subdir: str, out: Path) -> None:
         for m in tar.getmembers():
             parts = Path(m.name).parts
             # <top>/<subdir>/... -> ...
+            if ".." in parts or Path(m.name).is_absolute():
+                raise VendorError(f"{sdist.name}: unsafe member name {m.name!r}")
             if len(parts) >= 3 and parts[1] == subdir:
                 m.name = str(Path(*parts[2:]))
                 members.append(m)
         if not members:
             raise VendorError(f"{sdist.name} has no {subdir}/ folder")
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(out, members=members, **kwargs)
+        if hasattr(tarfile, "data_filter"):      # Python >= 3.11.4, 3.10.12
+            tar.extractall(out, members=members, filter="data")
+        else:                                    # the names were checked above
+            tar.extractall(out, members=members)
 
 
 def populate(dest: Path, source: Path | None = None, force: bool = False) -> Path:

@@ -96,6 +96,9 @@ def test_empty_tensor(ctx):
     t = ctx.new_tensor(Type.F32, (0, 3))
     assert t.nelements == 0 and t.nbytes == 0
     assert t.numpy().shape == (3, 0)
+    # ggml_n_dims ignores a trailing 0; the numpy shape keeps it
+    e = ctx.new_tensor(Type.F32, (1, 0))
+    assert e.n_dims == 1 and e.shape == (0, 1) and e.numpy().size == 0
 
 
 def test_name_get_set(ctx):
