@@ -1413,13 +1413,19 @@ cdef class Graph:
                 raise ValueError("graph used after a context it uses was closed")
         return 0
 
+    cdef int _check_idle(self) except -1:
+        # a graph must not change while another thread computes it
+        if self._busy:
+            raise RuntimeError("the graph is being computed in another thread")
+        return self._check()
+
     def build_forward_expand(self, t):
         """build_forward_expand(t): add ``t`` and everything it depends on to the graph.
 
         Raises ValueError, and leaves the graph as it was, when the new nodes or
         leafs would not fit its ``size`` (ggml would abort).
         """
-        self._check()
+        self._check_idle()
         cdef Tensor tensor = _need_tensor(t, "t")
         cdef Context dep
         for dep in tensor.ctx._deps:
@@ -1538,7 +1544,7 @@ cdef class Graph:
         graph too small, ...); pyggml first runs the call in a forked child and
         raises ValueError or MemoryError with ggml's message if it aborts there.
         """
-        self._check()
+        self._check_idle()
         if ctx is None:
             ctx = self.ctx
         _need_open(ctx)
@@ -1594,7 +1600,7 @@ cdef class Graph:
 
     def reset(self):
         """reset(): ``ggml_graph_reset``: loss gradients to 1, other gradients to 0."""
-        self._check()
+        self._check_idle()
         if not self.grads:
             raise ValueError("reset: the graph was made without gradients")
         if self._unallocated is not None:

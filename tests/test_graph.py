@@ -123,6 +123,35 @@ def test_empty_graph_computes(ctx):
     pyggml.Graph(ctx).compute(2)
 
 
+def long_graph(ctx, n=1024, depth=8):
+    a = ctx.from_numpy(np.ones((n, n), np.float32))
+    r = a
+    for _ in range(depth):
+        r = pyggml.mul_mat(ctx, a, r)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(r)
+    return g
+
+
+def test_graph_cannot_change_or_recompute_while_computing():
+    ctx = pyggml.Context(256 << 20)
+    g = long_graph(ctx)
+    started = threading.Event()
+    th = threading.Thread(target=lambda: (started.set(), g.compute(1)))
+    th.start()
+    started.wait()
+    time.sleep(0.02)
+    try:
+        assert th.is_alive()
+        with pytest.raises(RuntimeError, match="being computed in another thread"):
+            g.build_forward_expand(pyggml.sqr(ctx, ctx.new_tensor(Type.F32, (4,))))
+        with pytest.raises(RuntimeError, match="already being computed"):
+            g.compute(1)
+        ctx.close()          # allowed: the running compute keeps the memory alive
+    finally:
+        th.join()
+
+
 def test_compute_releases_the_gil():
     ctx = pyggml.Context(256 << 20)
     n = 1024
