@@ -142,7 +142,8 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
 def table(rows: list[dict]) -> str:
     def yn(v):
         return "yes" if v else "NO"
-    out = [f"{'spec':32s} {'ggml':>8s} {'built':>6s} {'tests':>6s} {'parity':>7s} {'worst NMSE':>11s} "
+    w = max([32] + [len(r["spec"]) for r in rows])
+    out = [f"{'spec':{w}s} {'ggml':>8s} {'built':>6s} {'tests':>6s} {'parity':>7s} {'worst NMSE':>11s} "
            f"{'time s':>7s}  known defects"]
     for r in rows:
         nm = f"{r['worst_nmse']:.2e}" if r["worst_nmse"] is not None else "-"
