@@ -23,7 +23,7 @@ from cpython.bytes cimport PyBytes_AsString
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.signal cimport SIG_DFL, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGSEGV, signal
-from libc.string cimport memcpy, strlen
+from libc.string cimport memcpy, memset, strlen
 
 cimport numpy as cnp
 
@@ -53,8 +53,18 @@ MAX_DIMS = GGML_MAX_DIMS
 MAX_NAME = GGML_MAX_NAME
 DEFAULT_GRAPH_SIZE = GGML_DEFAULT_GRAPH_SIZE
 
-# Pool alignment: at least GGML_MEM_ALIGN (ggml_init asserts it), and a cache line.
-cdef size_t _POOL_ALIGN = 64 if GGML_MEM_ALIGN <= 64 else GGML_MEM_ALIGN
+# Pools must be GGML_MEM_ALIGN-aligned (ggml_init asserts it); malloc guarantees
+# alignof(max_align_t), which is enough on the usual 64-bit platforms.
+cdef extern from "<stddef.h>":
+    ctypedef struct max_align_t:
+        pass
+cdef extern from *:
+    """
+    #include <stdalign.h>
+    #define PYGGML_MALLOC_ALIGN alignof(max_align_t)
+    """
+    size_t PYGGML_MALLOC_ALIGN
+cdef size_t _MALLOC_ALIGN = PYGGML_MALLOC_ALIGN
 # Bytes ggml puts in front of every object in a context (sizeof(struct ggml_object)),
 # from the library itself: ggml_tensor_overhead() = object header + sizeof(ggml_tensor).
 cdef size_t _OBJECT_SIZE = ggml_tensor_overhead() - sizeof(ggml_tensor)
@@ -169,8 +179,11 @@ cdef class _Pool:
 
     def __cinit__(self, size_t size):
         self.ptr = NULL
-        if posix_memalign(&self.ptr, _POOL_ALIGN, size) != 0:
+        if GGML_MEM_ALIGN <= _MALLOC_ALIGN:
+            self.ptr = malloc(size if size else 1)     # malloc's alignment suffices for ggml_init
+        elif posix_memalign(&self.ptr, GGML_MEM_ALIGN, size) != 0:
             self.ptr = NULL
+        if self.ptr == NULL:
             raise MemoryError(f"cannot allocate a {size}-byte memory pool")
         self.size = size
 
@@ -294,8 +307,11 @@ cdef int64_t _data_nbytes(ggml_type typ, int64_t ne0, int64_t ne1, int64_t ne2, 
         raise ValueError(f"ne[0]={ne0} must be a multiple of the block size {blck} of type {Type(typ).name}")
     cdef int64_t total = (ne0 // blck) * <int64_t>ggml_type_size(typ)
     cdef int64_t rest[3]
+    cdef int64_t x
+    cdef int i
     rest[0] = ne1; rest[1] = ne2; rest[2] = ne3
-    for x in rest:
+    for i in range(3):
+        x = rest[i]
         if x != 0 and total > (_INT64_MAX >> 1) // x:
             raise ValueError(f"a tensor of type {Type(typ).name} with ne=({ne0}, {ne1}, {ne2}, {ne3}) "
                              f"would need more bytes than a context can hold")
@@ -313,6 +329,8 @@ cdef int _need_int32(object v, str arg, long lo=-2147483648) except? -1:
 
 
 # --- Context -----------------------------------------------------------------
+
+cdef frozenset _NO_DEPS = frozenset()     # most contexts never reference another
 
 @cython.final
 cdef class Context:
@@ -339,8 +357,9 @@ cdef class Context:
     cdef readonly size_t mem_size
     cdef readonly bint no_alloc
     cdef uintptr_t _base    # the pool's address, kept after close() to identify tensors
-    cdef set _deps          # other contexts that tensors of this one reference
-    cdef set _dep_pools     # their pools: kept alive even if those contexts are closed,
+    cdef object _deps       # other contexts that tensors of this one reference (a set,
+                            # or the shared empty frozenset until there is one)
+    cdef object _dep_pools  # their pools: kept alive even if those contexts are closed,
                             # since tensors here point into them
     cdef list _borrowed     # numpy arrays whose memory tensors of this context use
 
@@ -363,8 +382,8 @@ cdef class Context:
         self._base = <uintptr_t>self.pool.ptr
         self.mem_size = mem_size
         self.no_alloc = no_alloc
-        self._deps = set()
-        self._dep_pools = set()
+        self._deps = _NO_DEPS
+        self._dep_pools = _NO_DEPS
 
     def __dealloc__(self):
         if self.ptr != NULL:
@@ -377,8 +396,8 @@ cdef class Context:
             ggml_free(self.ptr)
             self.ptr = NULL
         self.pool = None
-        self._deps = set()
-        self._dep_pools = set()
+        self._deps = _NO_DEPS
+        self._dep_pools = _NO_DEPS
         self._borrowed = None
 
     @property
@@ -420,6 +439,9 @@ cdef class Context:
         cdef Tensor s
         for s in srcs:
             if s.ctx is not self:
+                if self._deps is _NO_DEPS:
+                    self._deps = set()
+                    self._dep_pools = set()
                 self._deps.add(s.ctx)
                 self._deps.update(s.ctx._deps)
                 self._dep_pools.add(s.ctx.pool)
@@ -1194,14 +1216,21 @@ cdef class _PtrSet:
     """
     cdef uintptr_t * table
     cdef size_t cap, n
+    cdef uintptr_t small[16]    # the first table, inside the object: small graphs never malloc
 
     def __dealloc__(self):
-        free(self.table)
+        if self.table != self.small:
+            free(self.table)
 
     cdef int _resize(self, size_t cap) except -1:
         cdef uintptr_t * old = self.table
         cdef size_t old_cap = self.cap, i
-        cdef uintptr_t * new = <uintptr_t *>calloc(cap, sizeof(uintptr_t))
+        cdef uintptr_t * new
+        if old == NULL and cap <= 16:
+            new = self.small
+            memset(new, 0, cap * sizeof(uintptr_t))
+        else:
+            new = <uintptr_t *>calloc(cap, sizeof(uintptr_t))
         if new == NULL:
             raise MemoryError()
         self.table = new
@@ -1210,7 +1239,8 @@ cdef class _PtrSet:
         for i in range(old_cap):
             if old[i]:
                 self.add(old[i])
-        free(old)
+        if old != self.small:
+            free(old)
         return 0
 
     cdef bint contains(self, uintptr_t key):
@@ -1226,7 +1256,7 @@ cdef class _PtrSet:
     cdef int add(self, uintptr_t key) except -1:
         """Insert ``key``; return 1 if it was new, 0 if present."""
         if (self.n + 1) * 2 > self.cap:
-            self._resize(64 if self.cap == 0 else self.cap * 2)
+            self._resize(16 if self.cap == 0 else self.cap * 2)
         cdef size_t mask = self.cap - 1, i = _ptr_hash(key) & mask
         while self.table[i]:
             if self.table[i] == key:
@@ -1381,19 +1411,21 @@ cdef class Graph:
     def __cinit__(self, Context ctx not None, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
         self.ptr = NULL
         _need_open(ctx)
-        if isinstance(size, bool) or not hasattr(size, "__index__"):
-            raise TypeError(f"size must be an int, not {type(size).__name__}")
-        size = size.__index__()
+        if type(size) is not int:
+            if isinstance(size, bool) or not hasattr(size, "__index__"):
+                raise TypeError(f"size must be an int, not {type(size).__name__}")
+            size = size.__index__()
         if not 1 <= size <= (1 << 30):
             raise ValueError(f"size must be in [1, 2**30], got {size}")
-        need = ggml_graph_overhead_custom(size, grads)
-        used = ggml_used_mem(ctx.ptr)
+        cdef size_t csize = size
+        cdef size_t need = ggml_graph_overhead_custom(csize, grads)
+        cdef size_t used = ggml_used_mem(ctx.ptr)
         if used + need > ctx.mem_size:
             raise MemoryError(f"Graph(size={size}) needs {need} bytes but the context has "
                               f"{ctx.mem_size - used} of {ctx.mem_size} free")
-        self.ptr = ggml_new_graph_custom(ctx.ptr, size, grads)
+        self.ptr = ggml_new_graph_custom(ctx.ptr, csize, grads)
         self.ctx = ctx
-        self.size = size
+        self.size = csize
         self.grads = grads
         self._seen = _PtrSet()
         self._ctxs = {ctx}
@@ -1497,7 +1529,7 @@ cdef class Graph:
         if tensor.ctx not in self._ctxs:
             self._ctxs.add(tensor.ctx)
         if tensor.ctx._deps:
-            self._ctxs.update(tensor.ctx._deps)
+            self._ctxs.update(<set>tensor.ctx._deps)
 
     @property
     def n_nodes(self):
