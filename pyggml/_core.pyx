@@ -1377,6 +1377,55 @@ cdef int _dry_run(_guarded_fn fn, void * arg, str what) except -1:
     raise ValueError(f"{what}: ggml would abort ({sig}): {msg or 'no message'}")
 
 
+# --- a cached threadpool ----------------------------------------------------------
+# ggml_graph_compute with no threadpool makes and frees one on every call. With
+# OpenMP (pyggml's own builds) a threadpool holds no threads, only per-thread
+# state, so pyggml keeps one and lends it to one compute at a time (the GIL
+# guards the flag); a concurrent compute gets NULL, ggml's disposable pool. A
+# system ggml may be built without OpenMP, where a threadpool owns spinning
+# threads: there pyggml never caches.
+
+cdef ggml_threadpool * _tp = NULL
+cdef int _tp_threads = 0
+cdef bint _tp_busy = False
+cdef bint _tp_allowed = PYGGML_OPENMP_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES")
+
+
+cdef ggml_threadpool * _threadpool_acquire(int n_threads):
+    global _tp, _tp_threads, _tp_busy
+    cdef ggml_threadpool_params params
+    if not _tp_allowed or _tp_busy:
+        return NULL
+    if _tp == NULL or _tp_threads < n_threads:
+        if _tp != NULL:
+            ggml_threadpool_free(_tp)
+            _tp = NULL
+        params = ggml_threadpool_params_default(n_threads)
+        _tp = ggml_threadpool_new(&params)
+        if _tp == NULL:
+            return NULL
+        _tp_threads = n_threads
+    _tp_busy = True
+    return _tp
+
+
+cdef void _threadpool_release(ggml_threadpool * tp):
+    global _tp_busy
+    if tp != NULL:
+        _tp_busy = False
+
+
+def _free_threadpool():
+    global _tp, _tp_threads
+    if _tp != NULL and not _tp_busy:
+        ggml_threadpool_free(_tp)
+        _tp = NULL
+        _tp_threads = 0
+
+import atexit
+atexit.register(_free_threadpool)
+
+
 # --- Graph ----------------------------------------------------------------------
 
 cdef int _default_threads():
@@ -1402,7 +1451,8 @@ cdef class Graph:
     cdef readonly size_t size
     cdef readonly bint grads
     cdef _PtrSet _seen      # tensors (addresses) already in the graph
-    cdef set _ctxs          # contexts whose tensors the graph reaches
+    cdef set _ctxs          # contexts whose tensors the graph reaches, beyond ctx
+                            # (None while there are none: the common case stays cheap)
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
@@ -1428,7 +1478,7 @@ cdef class Graph:
         self.size = csize
         self.grads = grads
         self._seen = _PtrSet()
-        self._ctxs = {ctx}
+        self._ctxs = None
         self._n_nodes = 0
         self._n_leafs = 0
         self._unallocated = None
@@ -1440,9 +1490,25 @@ cdef class Graph:
 
     cdef int _check(self) except -1:
         cdef Context c
-        for c in self._ctxs:
-            if c.ptr == NULL:
-                raise ValueError("graph used after a context it uses was closed")
+        if self.ctx.ptr == NULL:
+            raise ValueError("graph used after a context it uses was closed")
+        if self._ctxs is not None:
+            for c in self._ctxs:
+                if c.ptr == NULL:
+                    raise ValueError("graph used after a context it uses was closed")
+        return 0
+
+    cdef int _add_contexts(self, Context c) except -1:
+        """The graph now reaches tensors of ``c`` (and of what ``c`` depends on)."""
+        if c is not self.ctx:
+            if self._ctxs is None:
+                self._ctxs = set()
+            self._ctxs.add(c)
+        if c._deps:
+            if self._ctxs is None:
+                self._ctxs = set()
+            self._ctxs.update(<set>c._deps)
+            self._ctxs.discard(self.ctx)
         return 0
 
     cdef int _check_idle(self) except -1:
@@ -1526,10 +1592,7 @@ cdef class Graph:
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
         self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
-        if tensor.ctx not in self._ctxs:
-            self._ctxs.add(tensor.ctx)
-        if tensor.ctx._deps:
-            self._ctxs.update(<set>tensor.ctx._deps)
+        self._add_contexts(tensor.ctx)
 
     @property
     def n_nodes(self):
@@ -1545,9 +1608,12 @@ cdef class Graph:
 
     cdef object _tensor(self, ggml_tensor * p):
         cdef Context c
-        for c in self._ctxs:
-            if c._holds(p):
-                return _wrap(c, p)
+        if self.ctx._holds(p):
+            return _wrap(self.ctx, p)
+        if self._ctxs is not None:
+            for c in self._ctxs:
+                if c._holds(p):
+                    return _wrap(c, p)
         raise RuntimeError("graph node belongs to no context pyggml knows")
 
     cdef size_t _fab_work_size(self, int n_threads):
@@ -1603,8 +1669,7 @@ cdef class Graph:
         args.graph = self.ptr
         _dry_run(_backward_call, &args, "build_backward_expand")
         ggml_build_backward_expand(ctx.ptr, self.ptr, NULL)
-        self._ctxs.add(ctx)
-        self._ctxs.update(ctx._deps)
+        self._add_contexts(ctx)
         self._track_new_nodes(n)
         ggml_graph_reset(self.ptr)
 
@@ -1690,11 +1755,15 @@ cdef class Graph:
         # (another thread may close a context meanwhile)
         cdef object keep
         cdef Context c
-        if len(self._ctxs) == 1:
+        if self._ctxs is None:
             keep = self.ctx.pool
         else:
-            keep = [c.pool for c in self._ctxs]
-        cdef ggml_cplan plan = ggml_graph_plan(self.ptr, n, NULL)
+            keep = [self.ctx.pool]
+            for c in self._ctxs:
+                keep.append(c.pool)
+        # a cached threadpool saves creating one per compute; one compute at a time uses it
+        cdef ggml_threadpool * tp = _threadpool_acquire(n)
+        cdef ggml_cplan plan = ggml_graph_plan(self.ptr, n, tp)
         cdef size_t work_size = max(plan.work_size, self._fab_work_size(n))
         cdef _Pool work = None
         if work_size > 0:
@@ -1707,5 +1776,6 @@ cdef class Graph:
                 status = ggml_graph_compute(self.ptr, &plan)
         finally:
             self._busy = False
+            _threadpool_release(tp)
         if status != GGML_STATUS_SUCCESS:
             raise RuntimeError(f"ggml_graph_compute failed: {ggml_status_to_string(status).decode()}")

@@ -150,6 +150,13 @@ cdef extern from "_compat.h" nogil:   # ggml-cpu.h
     struct ggml_threadpool:
         pass
 
+    struct ggml_threadpool_params:
+        int n_threads
+
+    ggml_threadpool_params ggml_threadpool_params_default(int n_threads)
+    ggml_threadpool * ggml_threadpool_new(ggml_threadpool_params * params)
+    void ggml_threadpool_free(ggml_threadpool * threadpool)
+
     struct ggml_cplan:
         size_t work_size
         uint8_t * work_data
