@@ -53,18 +53,10 @@ MAX_DIMS = GGML_MAX_DIMS
 MAX_NAME = GGML_MAX_NAME
 DEFAULT_GRAPH_SIZE = GGML_DEFAULT_GRAPH_SIZE
 
-# Pools must be GGML_MEM_ALIGN-aligned (ggml_init asserts it); malloc guarantees
-# alignof(max_align_t), which is enough on the usual 64-bit platforms.
-cdef extern from "<stddef.h>":
-    ctypedef struct max_align_t:
-        pass
-cdef extern from *:
-    """
-    #include <stdalign.h>
-    #define PYGGML_MALLOC_ALIGN alignof(max_align_t)
-    """
-    size_t PYGGML_MALLOC_ALIGN
-cdef size_t _MALLOC_ALIGN = PYGGML_MALLOC_ALIGN
+# Pools are GGML_MEM_ALIGN-aligned (ggml_init asserts it) and start on a cache line,
+# so where a tensor's data lands (and how fast kernels stream it) does not depend
+# on what malloc returned.
+cdef size_t _POOL_ALIGN = 64 if GGML_MEM_ALIGN <= 64 else GGML_MEM_ALIGN
 # Bytes ggml puts in front of every object in a context (sizeof(struct ggml_object)),
 # from the library itself: ggml_tensor_overhead() = object header + sizeof(ggml_tensor).
 cdef size_t _OBJECT_SIZE = ggml_tensor_overhead() - sizeof(ggml_tensor)
@@ -179,9 +171,7 @@ cdef class _Pool:
 
     def __cinit__(self, size_t size):
         self.ptr = NULL
-        if GGML_MEM_ALIGN <= _MALLOC_ALIGN:
-            self.ptr = malloc(size if size else 1)     # malloc's alignment suffices for ggml_init
-        elif posix_memalign(&self.ptr, GGML_MEM_ALIGN, size) != 0:
+        if posix_memalign(&self.ptr, _POOL_ALIGN, size if size else 1) != 0:
             self.ptr = NULL
         if self.ptr == NULL:
             raise MemoryError(f"cannot allocate a {size}-byte memory pool")
@@ -425,8 +415,11 @@ cdef class Context:
     cdef int _reserve_tensor(self, int64_t data_nbytes, str what) except -1:
         """Raise MemoryError unless a new tensor fits: its header, plus ``data_nbytes``
         unless the context is no_alloc (ggml_new_tensor_impl + ggml_new_object's rule)."""
+        return self._reserve_object(sizeof(ggml_tensor) + (0 if self.no_alloc else <uint64_t>data_nbytes), what)
+
+    cdef int _reserve_object(self, uint64_t size, str what) except -1:
+        """Raise MemoryError unless a new object of ``size`` bytes fits (ggml_new_object's rule)."""
         _need_open(self)
-        cdef uint64_t size = sizeof(ggml_tensor) + (0 if self.no_alloc else <uint64_t>data_nbytes)
         cdef uint64_t need = _OBJECT_SIZE + (size + GGML_MEM_ALIGN - 1) // GGML_MEM_ALIGN * GGML_MEM_ALIGN
         cdef uint64_t used = ggml_used_mem(self.ptr)
         if used + need > self.mem_size:
@@ -485,6 +478,30 @@ cdef class Context:
         cdef int n = _need_ne_c(ne, cne)
         self._reserve_tensor(_data_nbytes(typ, cne[0], cne[1], cne[2], cne[3]), "new_tensor")
         return _wrap(self, ggml_new_tensor(self.ptr, typ, n, cne))
+
+    def _align_next_data(self, size_t alignment=64):
+        """_align_next_data(alignment=64)  (private: for pyggml's own contexts)
+
+        Pad the pool with a small work buffer (``ggml_new_buffer``) so that the data
+        of the next tensor made in this context starts at a multiple of
+        ``alignment`` bytes. ggml aligns objects to GGML_MEM_ALIGN only; the
+        FLASH_ATTN_BACK kernel runs up to 30 % slower when its result straddles
+        cache lines (measured: scripts/bench_flash_attn_back.py).
+        """
+        _need_open(self)
+        if alignment == 0 or alignment & (alignment - 1) or alignment % GGML_MEM_ALIGN:
+            raise ValueError(f"alignment must be a power of two multiple of {GGML_MEM_ALIGN}, got {alignment}")
+        cdef uintptr_t next_data = (self._base + ggml_used_mem(self.ptr) + _OBJECT_SIZE
+                                    + (sizeof(ggml_tensor) + GGML_MEM_ALIGN - 1) // GGML_MEM_ALIGN * GGML_MEM_ALIGN)
+        cdef size_t miss = (alignment - next_data % alignment) % alignment
+        if miss == 0:
+            return
+        # the buffer object adds _OBJECT_SIZE + nbytes (nbytes a multiple of GGML_MEM_ALIGN)
+        cdef size_t nbytes = (miss + alignment - _OBJECT_SIZE % alignment) % alignment
+        if nbytes == 0:
+            nbytes = alignment
+        self._reserve_object(nbytes, "_align_next_data")
+        ggml_new_buffer(self.ptr, nbytes)
 
     def _borrow_numpy(self, array):
         """_borrow_numpy(array) -> Tensor  (private: for pyggml's own zero-copy inputs)

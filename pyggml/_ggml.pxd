@@ -112,6 +112,7 @@ cdef extern from "_compat.h" nogil:
 
     ggml_tensor * ggml_new_tensor(ggml_context * ctx, ggml_type type, int n_dims, const int64_t * ne)
     ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)
+    void * ggml_new_buffer(ggml_context * ctx, size_t nbytes)
     void ggml_set_param(ggml_tensor * tensor)
     void ggml_set_loss(ggml_tensor * tensor)
 

@@ -125,12 +125,14 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
     result_bytes = sum(flash_attn_back_end(qc[s], kc[s], vt[s]) for s in slices)
     graph_size = 8 * len(slices)
     inputs = Context(4 * len(slices) * per_tensor, no_alloc=True)
-    work = Context(len(slices) * (per_tensor + _core.MEM_ALIGN) + result_bytes + Graph.overhead(graph_size))
+    # room for each result, its alignment padding (up to 64 + an object header each)
+    work = Context(len(slices) * (2 * per_tensor + 128) + result_bytes + Graph.overhead(graph_size))
     try:
         graph = Graph(work, graph_size)
         results = []
         for s in slices:
             tq, tk, tv, td = (inputs._borrow_numpy(x[s]) for x in (qc, kc, vt, dc))
+            work._align_next_data(64)       # cache-line aligned gradients: the kernel is faster
             r = flash_attn_back(work, tq, tk, tv, td, bool(masked))
             graph.build_forward_expand(r)
             results.append(r)

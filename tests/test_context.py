@@ -166,3 +166,35 @@ def test_vendored_build_reports_the_pinned_version():
     assert pyggml.ggml_version() == lock["version"]
     # a release sdist carries no git commit (and pyggml must not report its own)
     assert info["ggml_commit"] == "unknown"
+
+
+@pytest.mark.parametrize("before", [0, 1, 3, 17, 100])
+@pytest.mark.parametrize("alignment", [16, 64, 256])
+def test_align_next_data(before, alignment):
+    with pyggml.Context(1 << 20) as ctx:
+        if before:
+            ctx.new_tensor(Type.I8, (before,))
+        ctx._align_next_data(alignment)
+        t = ctx.new_tensor(Type.F32, (8,))
+        assert t.data_ptr % alignment == 0
+        ctx._align_next_data(alignment)      # already aligned: nothing added
+        used = ctx.used_mem
+        ctx._align_next_data(alignment)
+        assert ctx.used_mem == used
+
+
+def test_align_next_data_errors():
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(ValueError, match="power of two multiple"):
+            ctx._align_next_data(48)
+    with pyggml.Context(512) as ctx:
+        ctx.new_tensor(Type.I8, (1,))
+        for _ in range(3):
+            try:
+                ctx._align_next_data(256)
+            except MemoryError as e:
+                assert "_align_next_data needs" in str(e)
+                break
+            ctx.new_tensor(Type.I8, (1,))
+        else:
+            pytest.fail("a 512-byte context cannot keep aligning to 256")
