@@ -357,7 +357,7 @@ def test_batch_gqa_defect_is_worked_around_by_attention_backward():
 
 
 def kernel_work_floats(D, M, n_threads, cache_line_floats=16, unroll=4):
-    # what ggml_compute_forward_flash_attn_back_f32 touches: thread ith uses
+    # what the FLASH_ATTN_BACK f32 CPU kernel touches: thread ith uses
     # S and SM at ith*2*(mxDM + CL) floats, SM running to Mup
     mup = -(-M // unroll) * unroll
     mxdm = max(D, mup)
