@@ -40,7 +40,8 @@ class VendorError(RuntimeError):
     pass
 
 
-def read_lock(path: Path = LOCK) -> dict[str, str]:
+def read_lock(path: Path | None = None) -> dict[str, str]:
+    path = path or LOCK
     lock: dict[str, str] = {}
     for line in path.read_text().splitlines():
         line = line.strip()

@@ -1,0 +1,201 @@
+"""The project's scripts and command line: vendoring, the upstream matrix's arguments, the CLI."""
+
+import hashlib
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyggml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+vendor = load("vendor_ggml")
+ci = load("ci_upstream")
+
+
+def make_sdist(path, members):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+GOOD = {"pkg-1.0/ggml/CMakeLists.txt": "project(ggml)\n", "pkg-1.0/ggml/include/ggml.h": "/* h */\n",
+        "pkg-1.0/ggml/src/ggml.c": "/* c */\n", "pkg-1.0/other/file.txt": "not ggml\n"}
+
+
+def test_the_pinned_lock_is_well_formed():
+    lock = vendor.read_lock()
+    assert lock["package"] == f"libggml-python=={lock['version']}.post1"
+    assert len(lock["sha256"]) == 64 and lock["subdir"] == "ggml"
+
+
+@pytest.fixture
+def cached_sdist(tmp_path, monkeypatch):
+    """A fake pinned sdist already in the cache, so no download happens."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sha = make_sdist(cache / "pkg-1.0.tar.gz", GOOD)
+    lockfile = tmp_path / "ggml.lock"
+    lockfile.write_text(f"version = 1.0\npackage = pkg==1.0\nsdist = pkg-1.0.tar.gz\nsha256 = {sha}\nsubdir = ggml\n")
+    monkeypatch.setenv("PYGGML_CACHE_DIR", str(cache))
+    monkeypatch.setattr(vendor, "LOCK", lockfile)
+    return cache, sha
+
+
+def test_populate_from_the_cached_sdist(tmp_path, cached_sdist):
+    dest = tmp_path / "vendor" / "ggml"
+    vendor.populate(dest)
+    assert (dest / "include" / "ggml.h").read_text() == "/* h */\n"
+    assert not (dest / "other").exists() and not (dest / "ggml").exists()
+    assert (dest / vendor.STAMP).read_text().startswith(f"pypi:pkg==1.0 sha256:{cached_sdist[1]}")
+    # already populated: left alone unless forced
+    (dest / "marker").write_text("x")
+    vendor.populate(dest)
+    assert (dest / "marker").exists()
+    vendor.populate(dest, force=True)
+    assert not (dest / "marker").exists()
+
+
+def test_a_tampered_cache_is_not_used(tmp_path, cached_sdist, monkeypatch):
+    cache, _ = cached_sdist
+    make_sdist(cache / "pkg-1.0.tar.gz", {**GOOD, "pkg-1.0/ggml/src/ggml.c": "/* evil */\n"})
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, stdout="no network in this test")
+
+    monkeypatch.setattr(vendor.subprocess, "run", fake_run)
+    with pytest.raises(vendor.VendorError, match="pip download failed"):
+        vendor.populate(tmp_path / "dest")
+    assert calls and calls[0][1:4] == ["-m", "pip", "download"]
+    assert "--no-binary" in calls[0]
+    assert not (tmp_path / "dest").exists()          # nothing half-populated
+
+
+def test_a_download_with_the_wrong_hash_is_refused(tmp_path, cached_sdist, monkeypatch):
+    cache, _ = cached_sdist
+    (cache / "pkg-1.0.tar.gz").unlink()
+
+    def fake_run(cmd, **kw):
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        make_sdist(dest / "pkg-1.0.tar.gz", {**GOOD, "pkg-1.0/ggml/extra.c": "changed\n"})
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(vendor.subprocess, "run", fake_run)
+    with pytest.raises(vendor.VendorError, match="sha256 mismatch"):
+        vendor.populate(tmp_path / "dest")
+
+
+def test_unsafe_member_names_are_refused(tmp_path, cached_sdist, monkeypatch):
+    cache, _ = cached_sdist
+    sha = make_sdist(cache / "pkg-1.0.tar.gz", {**GOOD, "pkg-1.0/ggml/../../escape.txt": "x"})
+    lockfile = vendor.LOCK
+    lockfile.write_text(lockfile.read_text().replace(cached_sdist[1], sha))
+    with pytest.raises(vendor.VendorError, match="unsafe member name"):
+        vendor.populate(tmp_path / "dest")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_populate_from_a_local_tree(tmp_path):
+    src = tmp_path / "ggml-master"
+    (src / "include").mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text("project(ggml)\n")
+    (src / "include" / "ggml.h").write_text("/* h */\n")
+    (src / ".git").mkdir()
+    dest = tmp_path / "dest"
+    vendor.populate(dest, source=src)
+    assert (dest / "include" / "ggml.h").exists() and not (dest / ".git").exists()
+    assert (dest / vendor.STAMP).read_text() == f"src:{src}\n"
+    with pytest.raises(vendor.VendorError, match="is not a ggml source tree"):
+        vendor.populate(tmp_path / "d2", source=tmp_path)
+
+
+def test_malformed_lock(tmp_path):
+    bad = tmp_path / "lock"
+    bad.write_text("version = 1\nthis line has no equals sign\n")
+    with pytest.raises(vendor.VendorError, match="malformed line"):
+        vendor.read_lock(bad)
+    bad.write_text("version = 1\n")
+    with pytest.raises(vendor.VendorError, match="missing key 'package'"):
+        vendor.read_lock(bad)
+
+
+def test_matrix_specs(tmp_path):
+    assert ci.parse_spec("vendored") == ("vendored", "")
+    assert ci.parse_spec("pypi:libggml-python==0.9.4") == ("pypi", "libggml-python==0.9.4")
+    assert ci.parse_spec(f"src:{tmp_path}") == ("src", str(tmp_path.resolve()))
+    for bad in ("pypi:numpy==1.0", "src:", "prefix:/no/such/dir", "master", "vendored:x"):
+        with pytest.raises(SystemExit):
+            ci.parse_spec(bad)
+    assert ci.slug("pypi:libggml-python==0.9.4") == "pypi-libggml-python-0.9.4"
+    assert len(ci.DEFAULT_SPECS) >= 4 and ci.DEFAULT_SPECS[0] == "vendored"
+
+
+def test_matrix_table_marks_failures():
+    rows = [dict(spec="vendored", ggml_version="0.20.2", built=True, tests_ok=True, parity_ok=True,
+                 worst_nmse=1e-13, seconds=1.0, known_defects=["x"]),
+            dict(spec="pypi:libggml-python==0.9.4", ggml_version=None, built=False, tests_ok=False,
+                 parity_ok=False, worst_nmse=None, seconds=2.0, known_defects=[])]
+    table = ci.table(rows).splitlines()
+    assert "yes" in table[1] and "1.00e-13" in table[1]
+    assert table[2].count("NO") == 3
+
+
+def test_borrow_numpy_errors():
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(ValueError, match="needs a no_alloc context"):
+            ctx._borrow_numpy(np.zeros(3, np.float32))
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        with pytest.raises(TypeError, match="must be a numpy.ndarray"):
+            ctx._borrow_numpy([1.0])
+        with pytest.raises(ValueError, match="C-contiguous and aligned"):
+            ctx._borrow_numpy(np.zeros((4, 4), np.float32)[:, ::2])
+        with pytest.raises(TypeError, match="dtype bool has no ggml type"):
+            ctx._borrow_numpy(np.zeros(3, bool))
+        with pytest.raises(ValueError, match="1 to 4 dims and elements"):
+            ctx._borrow_numpy(np.zeros(0, np.float32))
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        t = ctx._borrow_numpy(a)
+        assert t.data_ptr == a.ctypes.data and t.ne == (3, 2, 1, 1)
+        with pytest.raises(ValueError, match="outside the memory of its contexts"):
+            t.numpy()
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "pyggml", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_cli_demo_and_info(tmp_path):
+    demo = run_cli("demo", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    assert "graph: SCALE -> ADD -> SOFT_MAX" in demo.stdout and "row sums: [1. 1.]" in demo.stdout
+    info = run_cli("info", cwd=tmp_path)
+    assert info.returncode == 0 and json.loads(info.stdout)["ggml_version"] == pyggml.ggml_version()
+
+
+def test_importing_from_the_source_tree_says_what_to_do():
+    proc = subprocess.run([sys.executable, "-c", "import pyggml"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode != 0
+    assert "imported from its source tree" in proc.stderr
