@@ -219,8 +219,19 @@ cdef _need_rows_contiguous(Tensor t, str arg, str op):
 
 
 cdef _need_contiguous(Tensor t, str arg, str op):
-    if not ggml_is_contiguous(t.ptr):
+    # ggml_is_contiguous ignores the strides of dimensions of size 1, but the CPU
+    # kernels assert nb[0] == ggml_type_size(type) regardless (found by fuzzing)
+    if not ggml_is_contiguous(t.ptr) or t.ptr.nb[0] != ggml_type_size(t.ptr.type):
         raise ValueError(f"{op}: {arg} must be contiguous, got ne={t.ne} nb={t.nb} (use cont())")
+
+
+cdef _need_padded_1d(Tensor t, str arg, str op):
+    # ggml_is_padded_1d (static in ggml.c), which ggml_scale asserts
+    cdef const ggml_tensor * p = t.ptr
+    if not (p.nb[0] == ggml_type_size(p.type) and p.nb[2] == p.nb[1] * p.ne[1]
+            and p.nb[3] == p.nb[2] * p.ne[2]):
+        raise ValueError(f"{op}: {arg} must have packed rows (nb[0] = type size, nb[2] = nb[1]*ne[1], "
+                         f"nb[3] = nb[2]*ne[2]), got ne={t.ne} nb={t.nb} (use cont())")
 
 
 cdef bint _can_repeat(const ggml_tensor * t0, const ggml_tensor * t1):
@@ -826,6 +837,7 @@ cdef Tensor _unary(Context ctx, object a_, str op, bint contiguous=False):
 def scale(Context ctx not None, a, float s):
     """scale(ctx, a, s) -> Tensor: a * s. F32, contiguous."""
     _unary(ctx, a, "scale", True)
+    _need_padded_1d(a, "a", "scale")
     return ctx._adopt(ggml_scale(ctx.ptr, (<Tensor>a).ptr, s), (a,))
 
 
@@ -1101,6 +1113,15 @@ cdef struct _backward_args:
 cdef void _backward_call(void * arg) noexcept nogil:
     cdef _backward_args * a = <_backward_args *>arg
     ggml_build_backward_expand(a.ctx, a.graph, NULL)
+
+
+cdef struct _compute_args:
+    ggml_cgraph * graph
+    ggml_cplan * plan
+
+cdef void _compute_call(void * arg) noexcept nogil:
+    cdef _compute_args * a = <_compute_args *>arg
+    ggml_graph_compute(a.graph, a.plan)
 
 
 # --- flash_attn_back ------------------------------------------------------------
@@ -1474,6 +1495,8 @@ cdef class Graph:
     cdef object _unallocated  # first tensor without data, or None
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
     cdef bint _busy
+    cdef bint _has_backward   # build_backward_expand ran: ggml added ops pyggml does not check
+    cdef bint _unproven       # ... and the graph changed since a compute last succeeded
 
     def __cinit__(self, Context ctx not None, size=GGML_DEFAULT_GRAPH_SIZE, bint grads=False):
         self.ptr = NULL
@@ -1604,6 +1627,8 @@ cdef class Graph:
             if buf != local:
                 free(buf)
         ggml_build_forward_expand(self.ptr, tensor.ptr)
+        if self._has_backward and new_nodes:
+            self._unproven = True
         self._n_nodes += new_nodes
         self._n_leafs += new_leafs
         if unallocated != NULL and self._unallocated is None:
@@ -1680,7 +1705,7 @@ cdef class Graph:
         if ctx.no_alloc:
             raise ValueError("build_backward_expand: ctx is no_alloc; gradients need memory")
         if self._unallocated is not None:
-            raise ValueError("build_backward_expand: the graph has tensors without data (from a no_alloc context)")
+            raise ValueError("build_backward_expand: the graph has tensors without data (from a no_alloc context, or empty: ggml gives those none)")
         cdef _backward_args args
         args.ctx = ctx.ptr
         args.graph = self.ptr
@@ -1689,6 +1714,8 @@ cdef class Graph:
         self._add_contexts(ctx)
         self._track_new_nodes(n)
         ggml_graph_reset(self.ptr)
+        self._has_backward = True
+        self._unproven = True
 
     cdef int _track_new_nodes(self, int first) except -1:
         """Account for nodes ggml added from index ``first`` on (and their leafs)."""
@@ -1718,7 +1745,7 @@ cdef class Graph:
         if not self.grads:
             raise ValueError("reset: the graph was made without gradients")
         if self._unallocated is not None:
-            raise ValueError("reset: the graph has tensors without data (from a no_alloc context)")
+            raise ValueError("reset: the graph has tensors without data (from a no_alloc context, or empty: ggml gives those none)")
         ggml_graph_reset(self.ptr)
 
     def grad(self, t):
@@ -1730,6 +1757,27 @@ cdef class Graph:
         if g == NULL:
             return None
         return self._tensor(g)
+
+    cdef int _prove(self) except -1:
+        """Compute once in a forked child, on one thread, before computing for real.
+
+        The backward pass is made of ops pyggml does not build itself (OUT_PROD,
+        REPEAT_BACK, ACC, SOFT_MAX_BACK, ...), whose CPU kernels assert on layouts
+        (found by fuzzing: e.g. REPEAT_BACK of a permuted gradient). Kernel asserts
+        depend on shapes and strides, not on values, so one successful run in a
+        child proves the graph; an abort there becomes a ValueError here.
+        """
+        cdef ggml_cplan plan = ggml_graph_plan(self.ptr, 1, NULL)
+        cdef size_t work_size = max(plan.work_size, self._fab_work_size(1))
+        cdef _Pool work = _Pool(work_size) if work_size else None
+        if work is not None:
+            plan.work_data = <uint8_t *>work.ptr
+        cdef _compute_args args
+        args.graph = self.ptr
+        args.plan = &plan
+        _dry_run(_compute_call, &args, "compute")
+        self._unproven = False
+        return 0
 
     def work_size(self, n_threads):
         """work_size(n_threads) -> int
@@ -1765,7 +1813,7 @@ cdef class Graph:
             if n > MAX_N_THREADS:
                 raise ValueError(f"n_threads must be in [1, {MAX_N_THREADS}], got {n}")
         if self._unallocated is not None:
-            raise ValueError("compute: the graph has tensors without data (from a no_alloc context)")
+            raise ValueError("compute: the graph has tensors without data (from a no_alloc context, or empty: ggml gives those none)")
         if self._busy:
             raise RuntimeError("compute: this graph is already being computed in another thread")
         # keep every pool the graph touches alive while the GIL is released
@@ -1786,6 +1834,8 @@ cdef class Graph:
         if work_size > 0:
             work = _Pool(work_size)
             plan.work_data = <uint8_t *>work.ptr
+        if self._unproven:
+            self._prove()
         cdef ggml_status status
         self._busy = True
         try:

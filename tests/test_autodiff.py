@@ -143,3 +143,33 @@ def test_reset_and_grad_errors(ctx):
     with pytest.raises(TypeError, match="t must be a pyggml.Tensor"):
         g.grad("x")
     assert g.grad(ctx.new_tensor(Type.F32, (1,))) is None
+
+
+def test_backward_graph_whose_kernels_would_abort_is_refused_at_compute(ctx):
+    # grad of the repeat output arrives permuted (non-contiguous); REPEAT_BACK's
+    # kernel asserts contiguous rows. ggml builds this graph, then aborts computing it.
+    x = ctx.from_numpy(np.ones((3, 4), np.float32))
+    pyggml.set_param(x)
+    r = pyggml.repeat(ctx, x, ctx.new_tensor(Type.F32, (4, 3, 2)))
+    loss = pyggml.sum(ctx, pyggml.cont(ctx, pyggml.permute(ctx, r, 1, 0, 2, 3)))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    with pytest.raises(ValueError, match=r"compute: ggml would abort .*GGML_ASSERT\(nb00 == sizeof\(float\)\)"):
+        g.compute(2)
+    with pytest.raises(ValueError, match="would abort"):     # still refused: nothing changed
+        g.compute(1)
+
+
+def test_backward_graph_computes_repeatedly(ctx):
+    x = ctx.from_numpy(np.array([1.0, 2.0], np.float32))
+    pyggml.set_param(x)
+    loss = pyggml.sum(ctx, pyggml.sqr(ctx, x))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    for _ in range(3):
+        g.compute(2)
+        np.testing.assert_array_equal(g.grad(x).numpy(), [2.0, 4.0])

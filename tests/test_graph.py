@@ -190,3 +190,11 @@ def test_overhead_matches_context_accounting(ctx):
     grads_before = ctx.used_mem
     pyggml.Graph(ctx, 100, grads=True)
     assert ctx.used_mem - grads_before == pyggml.Graph.overhead(100, grads=True) > pyggml.Graph.overhead(100)
+
+
+def test_graph_with_empty_tensors_is_refused(ctx):
+    a = ctx.new_tensor(Type.F32, (0, 3))
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(pyggml.sum(ctx, a))
+    with pytest.raises(ValueError, match="without data .*or empty"):
+        g.compute(1)
