@@ -67,7 +67,16 @@ def one(rnd, it):
         ctx = rnd.choice(ctxs)
         a, b = rnd.choice(pool), rnd.choice(pool)
         try:
-            if rnd.random() < 0.55:
+            if rnd.random() < 0.1:
+                q, k, v, d = (rnd.choice(pool) for _ in range(4))
+                r = g.flash_attn_back(ctx, q, k, v, d, rnd.random() < 0.5)
+            elif rnd.random() < 0.1:
+                D, N, M, H, KVH, B = (rnd.randint(1, 3) for _ in range(6))
+                ts = [ctx.new_tensor(T.F32, ne) for ne in ((D, N, H * KVH, B), (D, M + N - 1, KVH, B),
+                                                           (M + N - 1, D, KVH, B), (D, N, H * KVH, B))]
+                r = g.flash_attn_back(ctx, *ts, rnd.random() < 0.5)
+                pool.extend(ts)
+            elif rnd.random() < 0.55:
                 r = unary(rnd, ctx, a, rnd.choice(UNARY))
             else:
                 r = getattr(g, rnd.choice(BINARY))(ctx, a, b)
