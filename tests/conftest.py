@@ -1,5 +1,14 @@
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# CI runs the same examples every time (a red CI then means a change, not a lucky draw);
+# local runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 try:
     import pyggml
