@@ -483,7 +483,7 @@ cdef class Context:
         A new tensor of ``type`` with ``ne`` elements per dimension, in ggml
         order (fastest first, 1 to 4 values). Its data is uninitialised.
         """
-        _need_open(self)
+        _need_open(self)      # before the arguments: a closed context is the first thing to say
         cdef ggml_type typ = _need_type_arg(type)
         cdef int64_t cne[4]
         cdef int n = _need_ne_c(ne, cne)
@@ -1505,9 +1505,14 @@ cdef class Graph:
             if isinstance(size, bool) or not hasattr(size, "__index__"):
                 raise TypeError(f"size must be an int, not {type(size).__name__}")
             size = size.__index__()
-        if not 1 <= size <= (1 << 30):
+        cdef long long lsize
+        try:
+            lsize = size
+        except OverflowError:
+            lsize = -1
+        if not 1 <= lsize <= (1 << 30):
             raise ValueError(f"size must be in [1, 2**30], got {size}")
-        cdef size_t csize = size
+        cdef size_t csize = <size_t>lsize
         cdef size_t need = ggml_graph_overhead_custom(csize, grads)
         cdef size_t used = ggml_used_mem(ctx.ptr)
         if used + need > ctx.mem_size:
