@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyggml
-from pyggml import Type
 
 dims = st.lists(st.integers(1, 5), min_size=1, max_size=4)
 
