@@ -1157,8 +1157,9 @@ UPSTREAM_DEFECT_FAB_BATCH_GQA = (
     "k's, so with ne3 > 1 and kvne2 < ne2 it writes past its result tensor")
 
 
-cdef int _need_flash_attn_back(Tensor q, Tensor k, Tensor v, Tensor d) except -1:
-    """The seed's GGML_ASSERTs, then the kernel's own preconditions."""
+cdef int _need_flash_attn_back(Tensor q, Tensor k, Tensor v, Tensor d, bint probe=False) except -1:
+    """The seed's GGML_ASSERTs, then the kernel's own preconditions (``probe``: all but
+    the known defect, for _probe_fab_batch_gqa_oob)."""
     cdef str op = "flash_attn_back"
     D, N, M = q.ptr.ne[0], q.ptr.ne[1], k.ptr.ne[1]
     ne2, ne3, kvne2 = q.ptr.ne[2], q.ptr.ne[3], k.ptr.ne[2]
@@ -1193,7 +1194,7 @@ cdef int _need_flash_attn_back(Tensor q, Tensor k, Tensor v, Tensor d) except -1
     for name, val in (("D", D), ("N", N), ("M", M), ("ne2", ne2), ("kvne2*ne3", kvne2 * ne3)):
         if val > 2147483647 // 2:
             raise ValueError(f"{op}: {name}={val} is too large for the kernel's int indices")
-    if ne3 > 1 and kvne2 < ne2:
+    if ne3 > 1 and kvne2 < ne2 and not probe:
         raise ValueError(f"{op}: refused for ne3={ne3} > 1 with kvne2={kvne2} < ne2={ne2}: "
                          f"{UPSTREAM_DEFECT_FAB_BATCH_GQA}. Build one node per ne3 slice "
                          f"(pyggml.attention_backward does).")
@@ -1224,10 +1225,15 @@ def flash_attn_back(Context ctx not None, q, k, v, d, masked):
     if type(masked) is not bool and masked not in (0, 1):
         raise TypeError(f"flash_attn_back: masked must be a bool, not {masked!r}")
     _need_flash_attn_back(tq, tk, tv, td)
-    offs_q, offs_k, offs_v, end = flash_attn_back_offsets(q, k, v)
+    return _fab_node(ctx, tq, tk, tv, td, masked, 0)
+
+
+cdef Tensor _fab_node(Context ctx, Tensor tq, Tensor tk, Tensor tv, Tensor td, bint masked, int64_t extra):
+    """The seed's node; ``extra`` elements of padding only for the defect probe."""
+    offs_q, offs_k, offs_v, end = flash_attn_back_offsets(tq, tk, tv)
     cdef size_t tsize = ggml_type_size(GGML_TYPE_F32)
     cdef int64_t ne[1]
-    ne[0] = (end + tsize - 1) // tsize
+    ne[0] = (end + tsize - 1) // tsize + extra
     ctx._reserve_tensor(_data_nbytes(GGML_TYPE_F32, ne[0], 1, 1, 1), "flash_attn_back")
     cdef ggml_tensor * result = ggml_new_tensor(ctx.ptr, GGML_TYPE_F32, 1, ne)
     result.op_params[0] = 1 if masked else 0      # ggml_set_op_params(result, &masked_i, 4)
@@ -1236,7 +1242,35 @@ def flash_attn_back(Context ctx not None, q, k, v, d, masked):
     result.src[1] = tk.ptr
     result.src[2] = tv.ptr
     result.src[3] = td.ptr
-    return ctx._adopt(result, (q, k, v, d))
+    return ctx._adopt(result, (tq, tk, tv, td))
+
+
+def _probe_fab_batch_gqa_oob():
+    """_probe_fab_batch_gqa_oob() -> int or None  (private: evidence for the parity report)
+
+    Does this ggml's FLASH_ATTN_BACK kernel still write past its result for
+    ne3 > 1 with kvne2 < ne2 (``UPSTREAM_DEFECT_FAB_BATCH_GQA``)? Builds the
+    seed's node for D=16, N=M=6, ne2=4, kvne2=2, ne3=2 (where upstream segfaults)
+    but with its result padded by as many bytes again, far more than the
+    kernel's overrun, so the probe stays in bounds; computes it; returns the
+    bytes of padding the kernel wrote (0: fixed).
+    """
+    if not PYGGML_HAVE_FLASH_ATTN_BACK:
+        return None
+    cdef int D = 16, N = 6, M = 6, ne2 = 4, kvne2 = 2, ne3 = 2
+    rng = np.random.default_rng(0)
+    with Context(1 << 20) as ctx:
+        tq = ctx.from_numpy(rng.standard_normal((ne3, ne2, N, D), dtype=np.float32))
+        tk = ctx.from_numpy(rng.standard_normal((ne3, kvne2, M, D), dtype=np.float32))
+        tv = ctx.from_numpy(rng.standard_normal((ne3, kvne2, D, M), dtype=np.float32))
+        td = ctx.from_numpy(rng.standard_normal((ne3, ne2, N, D), dtype=np.float32))
+        _need_flash_attn_back(tq, tk, tv, td, True)
+        end = flash_attn_back_offsets(tq, tk, tv)[3]
+        r = _fab_node(ctx, tq, tk, tv, td, False, end // 4)
+        g = Graph(ctx, 16)
+        g.build_forward_expand(r)
+        g.compute(1)
+        return int(np.count_nonzero(r.numpy()[end // 4:])) * 4
 
 
 # --- a set of tensor addresses ---------------------------------------------------

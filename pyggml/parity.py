@@ -299,11 +299,20 @@ def main(quick=False, json_path=None, junit_path=None, n_threads=None, no_torch=
     elapsed = time.perf_counter() - t0
     print(format_table(rows))
     s = summary(rows)
-    print(f"\n{len(cases)} cases, paths: {', '.join(names)}; {s['n_comparisons']} comparisons, "
+    overrun = _core._probe_fab_batch_gqa_oob()
+    if overrun is None:
+        defect = "not applicable (no FLASH_ATTN_BACK)"
+    elif overrun:
+        defect = f"present: the kernel writes {overrun} bytes past its result (probe, in bounds)"
+    else:
+        defect = "absent: the probe saw no write past the result (fixed upstream?)"
+    print(f"\nupstream defect FLASH_ATTN_BACK batch+GQA: {defect}")
+    print(f"{len(cases)} cases, paths: {', '.join(names)}; {s['n_comparisons']} comparisons, "
           f"{s['failed']} failed, {s['refused']} refused (known upstream defect); "
           f"worst NMSE {s['worst_nmse']:.2e}; ggml {_core.ggml_version()}; {elapsed:.1f} s")
     meta = {"ggml_version": _core.ggml_version(), "paths": names, "cases": len(cases),
-            "quick": quick, "seconds": elapsed}
+            "quick": quick, "seconds": elapsed,
+            "upstream_defects": {"fab_batch_gqa_oob_bytes": overrun}}
     if json_path:
         write_json(rows, json_path, meta)
     if junit_path:

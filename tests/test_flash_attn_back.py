@@ -340,6 +340,21 @@ def test_batch_gqa_defect_is_refused_in_a_subprocess():
     assert "nbgk3 = nb0*nek0*nek1*neq2" in out
 
 
+def test_batch_gqa_defect_probe_measures_the_overrun():
+    # the probe pads the result so the kernel's overrun stays in bounds; run isolated anyway
+    out = run_isolated("""
+        import pyggml
+        print(pyggml.ggml_version(), pyggml._core._probe_fab_batch_gqa_oob())
+    """)
+    version, overrun = out.split()
+    # grad_v of batch 1 lands at 4*M*D*ne2 = 1536 bytes instead of 4*M*D*kvne2 = 768, and runs
+    # (D-1)*4*M + (kvne2-1)*4*M*D + 4*M = 768 bytes past the result's end
+    if version == "0.20.2":
+        assert int(overrun) == 768
+    else:
+        assert int(overrun) in (0, 768)
+
+
 def test_batch_gqa_defect_is_worked_around_by_attention_backward():
     out = run_isolated("""
         import numpy as np, pyggml
