@@ -528,8 +528,10 @@ cdef class Context:
         if type(array) is not np.ndarray:
             raise TypeError(f"_borrow_numpy: array must be a numpy.ndarray, not {type(array).__name__}")
         cdef cnp.ndarray arr = array
-        if not (arr.flags.c_contiguous and arr.flags.aligned):
-            raise ValueError("_borrow_numpy: array must be C-contiguous and aligned")
+        if not (arr.flags.c_contiguous and arr.flags.aligned and arr.flags.writeable):
+            # writeable too: an op such as cpy could write into the tensor, and writing
+            # to read-only memory (a mapped file, a bytes buffer) would crash
+            raise ValueError("_borrow_numpy: array must be C-contiguous, aligned and writeable")
         typ = _TYPE_OF_DTYPE.get(arr.dtype)
         if typ is None:
             raise TypeError(f"_borrow_numpy: dtype {arr.dtype} has no ggml type")

@@ -113,7 +113,9 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
     if q4.size == 0 or k4.size == 0:
         raise ValueError("q, k, v and d must not be empty")
 
-    qc, kc, dc = np.ascontiguousarray(q4), np.ascontiguousarray(k4), np.ascontiguousarray(d4)
+    # read in place when C-contiguous, aligned and writeable (pyggml lends only such memory
+    # to ggml), else copied
+    qc, kc, dc = (np.require(x, requirements=["C", "A", "W"]) for x in (q4, k4, d4))
     vt = np.ascontiguousarray(v4.swapaxes(-1, -2))        # (B, KVH, D, M): the kernel's v
     split = B > 1 and KVH < H
     slices = [slice(b, b + 1) for b in range(B)] if split else [slice(None)]

@@ -166,6 +166,18 @@ def test_attention_backward_accepts_non_contiguous_inputs(rng):
     assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
 
 
+def test_attention_backward_accepts_read_only_inputs(rng):
+    q, k, v, d = make(rng, 1, 2, 2, 4, 6, 8)
+    frozen = []
+    for x in (q, k, v, d):
+        y = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(x.shape)   # read-only memory
+        assert not y.flags.writeable
+        frozen.append(y)
+    got = pyggml.attention_backward(*frozen)
+    ref = reference.attention_backward(q, k, v, d)
+    assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
+
+
 def test_attention_backward_leaves_inputs_alone(rng):
     q, k, v, d = make(rng, 2, 4, 2, 3, 5, 8)
     copies = [x.copy() for x in (q, k, v, d)]

@@ -168,8 +168,12 @@ def test_borrow_numpy_errors():
     with pyggml.Context(1 << 20, no_alloc=True) as ctx:
         with pytest.raises(TypeError, match="must be a numpy.ndarray"):
             ctx._borrow_numpy([1.0])
-        with pytest.raises(ValueError, match="C-contiguous and aligned"):
+        with pytest.raises(ValueError, match="C-contiguous, aligned and writeable"):
             ctx._borrow_numpy(np.zeros((4, 4), np.float32)[:, ::2])
+        ro = np.zeros(3, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="writeable"):
+            ctx._borrow_numpy(ro)
         with pytest.raises(TypeError, match="dtype bool has no ggml type"):
             ctx._borrow_numpy(np.zeros(3, bool))
         with pytest.raises(ValueError, match="1 to 4 dims and elements"):
