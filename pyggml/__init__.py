@@ -1,11 +1,17 @@
 """pyggml: Cython bindings to the ggml tensor library.
 
-Names map one to one to ggml's C API without the ``ggml_`` prefix; ops are
-module functions taking the context first, so C translates line for line::
+Names map one to one to ggml's C API without the ``ggml_`` prefix; ops are module
+functions taking the context first, so C translates line for line::
 
     ctx = pyggml.Context(16 * 2**20)            // ggml_init(...)
     a = ctx.new_tensor(pyggml.Type.F32, (4,))   // ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4)
     c = pyggml.add(ctx, a, b)                   // ggml_add(ctx, a, b)
+
+Where things live: ``pyggml/ops.txt`` (the op table: every builder, generated into
+``pyggml._ops_<family>``), ``_core`` (Context, Tensor, argument checks),
+``_graph`` (Graph), ``_cpu`` (the CPU executor), ``_fab`` (the FLASH_ATTN_BACK
+node), ``csrc/`` (the C runtime: abort guard, forked dry run, kernel rules),
+``errors`` (exceptions), ``defects`` (known upstream defects).
 """
 
 try:
@@ -22,51 +28,56 @@ except ImportError as _e:  # pragma: no cover - depends on how pyggml is run
         ) from _e
     raise
 
+from importlib.metadata import PackageNotFoundError as _NotFound
+from importlib.metadata import version as _version
+
 from pyggml._core import (
     DEFAULT_GRAPH_SIZE,
-    DEFAULT_N_THREADS,
     MAX_DIMS,
     MAX_NAME,
+    MAX_SRC,
     MEM_ALIGN,
-    UPSTREAM_DEFECT_FAB_BATCH_GQA,
     Context,
-    Graph,
+    GluOp,
+    Op,
+    OpPool,
+    Prec,
+    ScaleFlag,
+    ScaleMode,
+    SortOrder,
+    Storage,
     Tensor,
+    TriType,
     Type,
-    add,
+    UnaryOp,
     build_info,
-    cont,
-    cpy,
-    diag_mask_inf,
-    div,
-    flash_attn_back,
-    flash_attn_back_offsets,
+    flash_attn_ext_set_prec,
     ggml_version,
-    mean,
-    mul,
-    mul_mat,
-    permute,
-    repeat,
-    reshape,
-    reshape_1d,
-    reshape_2d,
-    reshape_3d,
-    reshape_4d,
-    scale,
+    mul_mat_set_prec,
     set_loss,
     set_param,
-    soft_max,
-    sqr,
-    sqrt,
-    sub,
-    sum,
-    transpose,
-    view_1d,
-    view_2d,
-    view_3d,
-    view_4d,
 )
-
+from pyggml._graph import Graph
+from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor
+from pyggml._fab import flash_attn_back, flash_attn_back_offsets
+from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
+from pyggml._ops import __all__ as _op_names
+from pyggml.errors import (
+    ArgumentError,
+    ComputeError,
+    ContextClosedError,
+    ContextFullError,
+    GGMLAbort,
+    GGMLError,
+    GGMLTypeError,
+    GGMLVersionError,
+    GraphBusyError,
+    GraphFullError,
+    KernelPreconditionError,
+    UpstreamDefect,
+)
+from pyggml.defects import known_defects
+from pyggml.coverage import op_coverage
 from pyggml.attention import (
     attention_backward,
     flash_attn_back_grad_tensors,
@@ -74,15 +85,20 @@ from pyggml.attention import (
 )
 from pyggml import reference
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("pyggml")
+except _NotFound:  # pragma: no cover - not installed (a source tree on sys.path)
+    __version__ = "0+unknown"
 
 __all__ = [
-    "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MEM_ALIGN",
-    "UPSTREAM_DEFECT_FAB_BATCH_GQA",
-    "Context", "Graph", "Tensor", "Type",
-    "add", "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
-    "flash_attn_back_grads", "flash_attn_back_offsets", "reference", "cont", "cpy", "diag_mask_inf", "div", "ggml_version", "mean",
-    "mul", "mul_mat", "permute", "repeat", "reshape", "reshape_1d", "reshape_2d",
-    "reshape_3d", "reshape_4d", "scale", "set_loss", "set_param", "soft_max", "sqr", "sqrt", "sub", "sum",
-    "transpose", "view_1d", "view_2d", "view_3d", "view_4d",
+    "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MAX_SRC", "MEM_ALIGN",
+    "Context", "CpuExecutor", "Graph", "Storage", "Tensor",
+    "GluOp", "Op", "OpPool", "Prec", "ScaleFlag", "ScaleMode", "SortOrder", "TriType", "Type", "UnaryOp",
+    "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort", "GGMLError",
+    "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",
+    "UpstreamDefect",
+    "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
+    "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_set_prec", "ggml_version",
+    "known_defects", "mul_mat_set_prec", "op_coverage", "reference", "set_loss", "set_param",
+    *_op_names,
 ]

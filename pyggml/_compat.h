@@ -10,11 +10,6 @@ static inline const char * ggml_version(void) { return PYGGML_GGML_CMAKE_VERSION
 static inline const char * ggml_commit(void) { return "unknown"; }
 #endif
 
-#if !PYGGML_HAVE_ABORT_CALLBACK
-/* without it, a forked dry run reports only the signal, not ggml's message */
-typedef void (*ggml_abort_callback_t)(const char * error_message);
-static inline ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t cb) { (void) cb; return 0; }
-#endif
 
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */

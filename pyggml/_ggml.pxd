@@ -11,7 +11,6 @@ cdef extern from "_compat.h" nogil:
     # ggml lacks (PYGGML_HAVE_* from CMake's feature checks)
     enum:
         PYGGML_HAVE_GGML_VERSION
-        PYGGML_HAVE_ABORT_CALLBACK
         PYGGML_HAVE_FLASH_ATTN_BACK
 
 cdef extern from "_compat.h" nogil:
@@ -45,10 +44,22 @@ cdef extern from "_compat.h" nogil:
         GGML_TYPE_BF16
         GGML_TYPE_COUNT
 
+    enum ggml_prec:
+        GGML_PREC_DEFAULT
+
     enum ggml_op:
         GGML_OP_NONE
+        GGML_OP_MUL_MAT
         GGML_OP_FLASH_ATTN_BACK
+        GGML_OP_UNARY
+        GGML_OP_GLU
         GGML_OP_COUNT
+
+    enum ggml_unary_op:
+        GGML_UNARY_OP_COUNT
+
+    enum ggml_glu_op:
+        GGML_GLU_OP_COUNT
 
     enum ggml_tensor_flag:
         GGML_TENSOR_FLAG_INPUT
@@ -94,9 +105,13 @@ cdef extern from "_compat.h" nogil:
 
     ggml_context * ggml_init(ggml_init_params params)
     void ggml_free(ggml_context * ctx)
+    void ggml_reset(ggml_context * ctx)
     size_t ggml_used_mem(const ggml_context * ctx)
+    ggml_tensor * ggml_get_first_tensor(const ggml_context * ctx)
+    ggml_tensor * ggml_get_next_tensor(const ggml_context * ctx, ggml_tensor * tensor)
     size_t ggml_tensor_overhead()
     size_t ggml_graph_overhead_custom(size_t size, bint grads)
+    size_t ggml_graph_overhead()
 
     int64_t ggml_nelements(const ggml_tensor * tensor)
     size_t ggml_nbytes(const ggml_tensor * tensor)
@@ -105,40 +120,27 @@ cdef extern from "_compat.h" nogil:
     size_t ggml_row_size(ggml_type type, int64_t ne)
     const char * ggml_type_name(ggml_type type)
     const char * ggml_op_name(ggml_op op)
+    const char * ggml_unary_op_name(ggml_unary_op op)
+    const char * ggml_glu_op_name(ggml_glu_op op)
     bint ggml_is_quantized(ggml_type type)
     bint ggml_is_transposed(const ggml_tensor * tensor)
     bint ggml_is_contiguous(const ggml_tensor * tensor)
+    bint ggml_can_repeat(const ggml_tensor * t0, const ggml_tensor * t1)
     int ggml_n_dims(const ggml_tensor * tensor)
 
     ggml_tensor * ggml_new_tensor(ggml_context * ctx, ggml_type type, int n_dims, const int64_t * ne)
     ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)
     void * ggml_new_buffer(ggml_context * ctx, size_t nbytes)
     void ggml_set_param(ggml_tensor * tensor)
+    void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
+    void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_set_loss(ggml_tensor * tensor)
 
-    ggml_tensor * ggml_add(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_sub(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_mul(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_div(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_scale(ggml_context * ctx, ggml_tensor * a, float s)
-    ggml_tensor * ggml_sqr(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_sqrt(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_sum(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_mean(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_repeat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_soft_max(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_diag_mask_inf(ggml_context * ctx, ggml_tensor * a, int n_past)
-    ggml_tensor * ggml_transpose(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_permute(ggml_context * ctx, ggml_tensor * a, int axis0, int axis1, int axis2, int axis3)
-    ggml_tensor * ggml_reshape(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
-    ggml_tensor * ggml_reshape_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
-    ggml_tensor * ggml_view_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
-                               size_t nb1, size_t nb2, size_t nb3, size_t offset)
-    ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
-    ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    # the graph builders (ggml_add, ...) are declared by the generated pyggml_ops.h
 
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
+    void ggml_graph_cpy(ggml_cgraph * src, ggml_cgraph * dst)
+    int ggml_graph_size(ggml_cgraph * cgraph)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
     void ggml_build_backward_expand(ggml_context * ctx, ggml_cgraph * cgraph, ggml_tensor ** grad_accs)
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
@@ -158,10 +160,15 @@ cdef extern from "_compat.h" nogil:   # ggml-cpu.h
     ggml_threadpool * ggml_threadpool_new(ggml_threadpool_params * params)
     void ggml_threadpool_free(ggml_threadpool * threadpool)
 
+    ctypedef bint (*ggml_abort_callback)(void * data)
+
     struct ggml_cplan:
         size_t work_size
         uint8_t * work_data
         int n_threads
+        ggml_threadpool * threadpool
+        ggml_abort_callback abort_callback
+        void * abort_callback_data
 
     ggml_cplan ggml_graph_plan(const ggml_cgraph * cgraph, int n_threads, ggml_threadpool * threadpool)
     ggml_status ggml_graph_compute(ggml_cgraph * cgraph, ggml_cplan * cplan)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml import _core
-from pyggml._core import Context, Graph, Tensor, flash_attn_back, flash_attn_back_offsets
+from pyggml._core import MEM_ALIGN, Context, Tensor, Type
+from pyggml._fab import flash_attn_back, flash_attn_back_offsets
+from pyggml._graph import Graph
+from pyggml._ops_layout import view_4d
 
 __all__ = ["attention_backward", "flash_attn_back_grad_tensors", "flash_attn_back_grads"]
 
@@ -55,7 +57,7 @@ def flash_attn_back_grad_tensors(ctx: Context, result: Tensor):
     for t, off in zip(srcs, offs[:3]):
         ne = t.ne
         nb1 = 4 * ne[0]
-        out.append(_core.view_4d(ctx, result, ne[0], ne[1], ne[2], ne[3],
+        out.append(view_4d(ctx, result, ne[0], ne[1], ne[2], ne[3],
                                  nb1, nb1 * ne[1], nb1 * ne[1] * ne[2], off))
     return tuple(out)
 
@@ -91,7 +93,7 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
     memory; dv is a transposed view (the kernel works on v transposed, which
     costs one copy of v on the way in). q, k and d are read in place when
     C-contiguous. For B > 1 with KVH < H, where the upstream kernel writes out of
-    bounds (``pyggml.UPSTREAM_DEFECT_FAB_BATCH_GQA``), each batch is its own
+    bounds (``pyggml.defects``: ``fab-batch-gqa-oob``), each batch is its own
     node and the results are concatenated (one copy).
     """
     ndim = np.ndim(q)
@@ -121,7 +123,7 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
     slices = [slice(b, b + 1) for b in range(B)] if split else [slice(None)]
 
     tensor_overhead = Context(1 << 12, no_alloc=True)
-    tensor_overhead.new_tensor(_core.Type.F32, (1,))
+    tensor_overhead.new_tensor(Type.F32, (1,))
     per_tensor = tensor_overhead.used_mem
     tensor_overhead.close()
     result_bytes = sum(flash_attn_back_end(qc[s], kc[s], vt[s]) for s in slices)
@@ -161,7 +163,7 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
 
 def flash_attn_back_end(q4: np.ndarray, k4: np.ndarray, vt4: np.ndarray) -> int:
     """Bytes of the result of one flash_attn_back node over these arrays (the seed's ``end``)."""
-    align = _core.MEM_ALIGN
+    align = MEM_ALIGN
 
     def pad(x):
         return (x + align - 1) // align * align

@@ -37,7 +37,10 @@ from typing import Callable
 
 import numpy as np
 
-from pyggml import _core, reference
+import pyggml
+from pyggml import reference
+from pyggml import defects
+from pyggml.errors import UpstreamDefect
 from pyggml.attention import flash_attn_back_grads
 from pyggml.reference import nmse
 
@@ -90,7 +93,7 @@ def path_reference(q, k, v, d, masked, n_threads=None):
 
 
 def _context_for(*arrays, extra=0):
-    return _core.Context(sum(a.nbytes for a in arrays) * 24 + (8 << 20) + extra)
+    return pyggml.Context(sum(a.nbytes for a in arrays) * 24 + (8 << 20) + extra)
 
 
 def path_kernel(q, k, v, d, masked, n_threads=None):
@@ -100,12 +103,10 @@ def path_kernel(q, k, v, d, masked, n_threads=None):
         tq, tk, td = ctx.from_numpy(q), ctx.from_numpy(k), ctx.from_numpy(d)
         tv = ctx.from_numpy(np.ascontiguousarray(v.swapaxes(-1, -2)))
         try:
-            r = _core.flash_attn_back(ctx, tq, tk, tv, td, masked)
-        except ValueError as e:
-            if "upstream ggml defect" in str(e):
-                raise Refused(str(e)) from None
-            raise
-        graph = _core.Graph(ctx)
+            r = pyggml.flash_attn_back(ctx, tq, tk, tv, td, masked)
+        except UpstreamDefect as e:
+            raise Refused(f"{e.defect}: {e}") from None
+        graph = pyggml.Graph(ctx)
         graph.build_forward_expand(r)
         graph.compute(n_threads)
         gq, gk, gvt = (g.copy() for g in flash_attn_back_grads(r))
@@ -123,14 +124,14 @@ def attention_forward_graph(ctx, q, k, vt, masked):
     D, N, H, B = q.ne
     M, KVH = k.ne[1], k.ne[2]
     if H != KVH:   # GQA: tile kv heads (head h uses h % KVH), as the kernel does
-        k = _core.repeat(ctx, k, ctx.new_tensor(_core.Type.F32, (D, M, H, B)))
-        vt = _core.repeat(ctx, vt, ctx.new_tensor(_core.Type.F32, (M, D, H, B)))
-    s = _core.mul_mat(ctx, k, q)                        # [M,N,H,B] = K Q^T per head
-    s = _core.scale(ctx, s, 1.0 / math.sqrt(D))
+        k = pyggml.repeat(ctx, k, ctx.new_tensor(pyggml.Type.F32, (D, M, H, B)))
+        vt = pyggml.repeat(ctx, vt, ctx.new_tensor(pyggml.Type.F32, (M, D, H, B)))
+    s = pyggml.mul_mat(ctx, k, q)                        # [M,N,H,B] = K Q^T per head
+    s = pyggml.scale(ctx, s, 1.0 / math.sqrt(D))
     if masked:
-        s = _core.diag_mask_inf(ctx, s, M - N)          # hide j > (M - N) + i
-    p = _core.soft_max(ctx, s)
-    return _core.mul_mat(ctx, vt, p)                    # [D,N,H,B] = P V
+        s = pyggml.diag_mask_inf(ctx, s, M - N)          # hide j > (M - N) + i
+    p = pyggml.soft_max(ctx, s)
+    return pyggml.mul_mat(ctx, vt, p)                    # [D,N,H,B] = P V
 
 
 def path_autodiff(q, k, v, d, masked, n_threads=None):
@@ -140,11 +141,11 @@ def path_autodiff(q, k, v, d, masked, n_threads=None):
         tq, tk, td = ctx.from_numpy(q), ctx.from_numpy(k), ctx.from_numpy(d)
         tvt = ctx.from_numpy(np.ascontiguousarray(v.swapaxes(-1, -2)))
         for t in (tq, tk, tvt):
-            _core.set_param(t)
+            pyggml.set_param(t)
         o = attention_forward_graph(ctx, tq, tk, tvt, masked)
-        loss = _core.sum(ctx, _core.mul(ctx, o, td))
-        _core.set_loss(loss)
-        graph = _core.Graph(ctx, 512, grads=True)
+        loss = pyggml.sum(ctx, pyggml.mul(ctx, o, td))
+        pyggml.set_loss(loss)
+        graph = pyggml.Graph(ctx, 512, grads=True)
         graph.build_forward_expand(loss)
         graph.build_backward_expand()
         graph.compute(n_threads)
@@ -297,7 +298,7 @@ def main(quick=False, json_path=None, junit_path=None, n_threads=None, no_torch=
     elapsed = time.perf_counter() - t0
     print(format_table(rows))
     s = summary(rows)
-    overrun = _core._probe_fab_batch_gqa_oob()
+    overrun = defects.get("fab-batch-gqa-oob").run_probe()
     if overrun is None:
         defect = "not applicable (no FLASH_ATTN_BACK)"
     elif overrun:
@@ -307,8 +308,8 @@ def main(quick=False, json_path=None, junit_path=None, n_threads=None, no_torch=
     print(f"\nupstream defect FLASH_ATTN_BACK batch+GQA: {defect}")
     print(f"{len(cases)} cases, paths: {', '.join(names)}; {s['n_comparisons']} comparisons, "
           f"{s['failed']} failed, {s['refused']} refused (known upstream defect); "
-          f"worst NMSE {s['worst_nmse']:.2e}; ggml {_core.ggml_version()}; {elapsed:.1f} s")
-    meta = {"ggml_version": _core.ggml_version(), "paths": names, "cases": len(cases),
+          f"worst NMSE {s['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
+    meta = {"ggml_version": pyggml.ggml_version(), "paths": names, "cases": len(cases),
             "quick": quick, "seconds": elapsed,
             "upstream_defects": {"fab_batch_gqa_oob_bytes": overrun}}
     if json_path:

@@ -103,7 +103,7 @@ def test_build_backward_expand_precondition_errors(ctx):
 
 def test_graph_too_small_for_the_backward_pass(ctx):
     g = _loss_graph(ctx, size=3)
-    with pytest.raises(ValueError, match="graph is too small for the nodes ggml would add"):
+    with pytest.raises(pyggml.GraphFullError, match="the graph would hold 6 nodes; its size is 3"):
         g.build_backward_expand()
     assert g.n_nodes == 3                # nothing happened in this process
     g.compute(1)
@@ -115,9 +115,11 @@ def test_context_too_small_for_the_gradients():
     need = probe.used_mem
     with pyggml.Context(need + 64) as ctx:
         g = _loss_graph(ctx, size=16)
-        with pytest.raises(MemoryError, match="the context is too small for what ggml would create"):
+        used = ctx.used_mem
+        with pytest.raises(pyggml.ContextFullError, match="build_backward_expand needs .* bytes but the context has"):
             g.build_backward_expand()
-        g.compute(1)                     # the parent's graph is untouched and usable
+        assert ctx.used_mem == used      # nothing was created in ctx
+        g.compute(1)                     # the graph is untouched and usable
 
 
 def test_op_without_backward_is_refused(ctx, rng):
@@ -132,8 +134,12 @@ def test_op_without_backward_is_refused(ctx, rng):
     pyggml.set_loss(loss)
     g = pyggml.Graph(ctx, grads=True)
     g.build_forward_expand(loss)
-    with pytest.raises(ValueError, match="ggml would abort .*unsupported ggml op for backward pass: FLASH_ATTN_BACK"):
+    n = g.n_nodes
+    with pytest.raises(pyggml.GGMLAbort, match="ggml would abort: .*unsupported ggml op for backward pass: "
+                                               "FLASH_ATTN_BACK") as e:
         g.build_backward_expand()
+    assert "FLASH_ATTN_BACK" in e.value.ggml_message
+    assert g.n_nodes == n                # the graph is as it was
 
 
 def test_reset_and_grad_errors(ctx):

@@ -151,7 +151,7 @@ def test_version_and_build_info():
     assert info["ggml_source"].split(":")[0] in ("pypi", "src", "system")
     for flag in ("native", "openmp"):
         assert info[flag] is None if system else isinstance(info[flag], bool)
-    assert set(info["features"]) == {"ggml_version", "abort_callback", "flash_attn_back"}
+    assert set(info["features"]) == {"ggml_version", "flash_attn_back"}
 
 
 def test_vendored_build_reports_the_pinned_version():

@@ -1,0 +1,79 @@
+# cython: language_level=3
+# The cdef classes and C-level helpers of pyggml._core, for the other Cython modules
+# (the generated op modules, _graph, _cpu, _fab) to cimport.
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+
+from pyggml._ggml cimport ggml_context, ggml_tensor, ggml_type
+from pyggml._rt cimport pyggml_guard
+
+
+cdef class Storage:
+    """Memory that tensors point into: a host pool today (a backend buffer tomorrow).
+    Numpy views of tensors use the Storage that holds their data as ``base``."""
+    cdef void * ptr
+    cdef readonly size_t size
+    cdef object __weakref__
+    cdef bint contains(self, const void * p, size_t nbytes)
+
+
+cdef class Context:
+    cdef ggml_context * ptr
+    cdef Storage pool
+    cdef readonly size_t mem_size
+    cdef readonly bint no_alloc
+    cdef uintptr_t _base    # the pool's address, kept after close() to identify tensors
+    cdef object _deps       # other contexts whose tensors tensors of this one reference
+    cdef object _dep_pools  # their storages, kept alive while this context is open
+    cdef list _borrowed     # numpy arrays whose memory tensors of this context use
+    cdef object __weakref__
+
+    cdef int _reserve(self, uint64_t nbytes, str what) except -1
+    cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs)
+    cdef int _depend_on(self, Context other) except -1
+    cdef Storage _storage_of(self, const void * data, size_t nbytes)
+    cdef bint _holds(self, const void * p)
+    cdef Context _owner_of(self, const void * p)
+
+
+cdef class Tensor:
+    cdef ggml_tensor * ptr
+    cdef readonly Context ctx
+    cdef int _check(self) except -1
+    cdef object _view(self, int nd)
+    cdef object _raw_view(self)
+    cdef object _related(self, ggml_tensor * p)
+
+
+# --- shared helpers --------------------------------------------------------------------
+cdef Tensor wrap(Context ctx, ggml_tensor * p)
+cdef int need_open(Context ctx, str arg=*) except -1
+
+# arguments of the generated op wrappers: check and convert, or raise naming the argument
+cdef Tensor arg_tensor(object t, str arg, str op)
+cdef Tensor arg_tensor_or_none(object t, str arg, str op)
+cdef int32_t arg_int32(object v, str arg, str op) except? -1
+cdef int64_t arg_int64(object v, str arg, str op) except? -1
+cdef uint32_t arg_uint32(object v, str arg, str op) except? 0xFFFFFFFF
+cdef size_t arg_size(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF
+cdef float arg_float(object v, str arg, str op) except? -1.0
+cdef int arg_bool(object v, str arg, str op) except -1
+cdef int arg_enum(object v, object enum_class, str arg, str op) except? -1
+cdef int arg_int32_array(object v, int * out, int n, str arg, str op) except -1
+cdef int arg_int64_array(object v, int64_t * out, int n, str arg, str op) except -1
+cdef ggml_type arg_type(object typ, str arg=*) except? <ggml_type>-1
+
+# the two-step op call: the builder runs first in a scratch context (where an abort, a
+# kernel refusal or a too-small context are found), then for real in ctx
+cdef ggml_context * op_scratch(Context ctx) except NULL
+cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names,
+                  tuple tensors) except -1
+cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors)
+cdef object version_error(str op, str reason)
+cdef int deprecated(str op) except -1
+cdef int check_node(const ggml_tensor * node, str where) except -1
+cdef int check_node_named(const ggml_tensor * node, str where, tuple names, tuple tensors) except -1
+cdef str describe(const ggml_tensor * t)
+cdef object index_arg(object v, str arg, str op)
+cdef str short_message(str msg)
+cdef uint64_t tensor_bytes(const ggml_tensor * t, bint no_alloc) except? 0

@@ -1,0 +1,226 @@
+# Included by _core.pyx: how every graph builder is called, and the node checks.
+#
+# A generated wrapper (see pyggml/_gen_ops.py) does, for a builder ggml_f:
+#
+#     r = pyggml_try_f(&g, op_scratch(ctx), args...)   # 1. in the scratch context
+#     op_check(ctx, r, &g, "f", names, tensors)        # 2. abort? kernel refusal? room?
+#     r = pyggml_try_f(&g, ctx.ptr, args...)           # 3. for real: the same call
+#     return op_result(ctx, r, &g, "f", tensors)
+#
+# The scratch run is the same deterministic call on the same inputs, in a no_alloc
+# context: ggml only reads no_alloc when it sizes a tensor's data. So it shows exactly
+# what the real call would do (abort, and where; which nodes and how many bytes it
+# creates) without touching the caller's context.
+
+cdef ggml_context * _scratch = NULL
+cdef Storage _scratch_pool = Storage(1 << 20)     # room for ~2,800 tensor headers
+
+
+cdef _init_scratch():
+    global _scratch
+    cdef ggml_init_params params
+    params.mem_size = _scratch_pool.size
+    params.mem_buffer = _scratch_pool.ptr
+    params.no_alloc = True
+    _scratch = ggml_init(params)
+
+_init_scratch()
+
+
+cdef ggml_context * op_scratch(Context ctx) except NULL:
+    need_open(ctx)
+    ggml_reset(_scratch)
+    return _scratch
+
+
+cdef uint64_t tensor_bytes(const ggml_tensor * t, bint no_alloc) except? 0:
+    """What ggml_new_tensor_impl takes from a context for a tensor shaped like ``t``."""
+    cdef uint64_t data = 0
+    cdef int i
+    if t.view_src == NULL and not no_alloc:
+        data = ggml_row_size(t.type, t.ne[0])
+        for i in range(1, 4):
+            if t.ne[i] != 0 and data > <uint64_t>(_INT64_MAX >> 1) // <uint64_t>t.ne[i]:
+                return <uint64_t>_INT64_MAX      # cannot fit any context
+            data *= t.ne[i]
+    return _OBJECT_SIZE + _pad(sizeof(ggml_tensor) + data)
+
+
+cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names,
+                  tuple tensors) except -1:
+    """After the scratch run: raise for an abort, a node its kernel refuses, or too little room."""
+    if r == NULL:
+        msg = g.message.decode("utf-8", "replace")
+        raise GGMLAbort(f"{op}: ggml would abort: {short_message(msg)}{_describe_args(names, tensors)}", msg)
+    cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
+    cdef uint64_t need = 0
+    cdef uint64_t headers = 0
+    cdef char buf[PYGGML_MSG_CAP]
+    cdef const char * defect = NULL
+    cdef int rc = PYGGML_OK
+    cdef ggml_tensor * bad = NULL
+    # C only until the walk is done: the scratch context is shared by all ops
+    while t != NULL:
+        need += tensor_bytes(t, ctx.no_alloc)
+        headers += _OBJECT_SIZE + _pad(sizeof(ggml_tensor))
+        if bad == NULL and t.op != GGML_OP_NONE:
+            rc = pyggml_check_node(t, buf, PYGGML_MSG_CAP, &defect)
+            if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
+                bad = t
+        t = ggml_get_next_tensor(_scratch, t)
+    # objects other than tensors (none today) count as they are
+    need += ggml_used_mem(_scratch) - headers
+    if bad != NULL:
+        _raise_refusal(rc, buf, defect, bad, op, names, tensors)
+    ctx._reserve(need, op)
+    return 0
+
+
+cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors):
+    if r == NULL:   # the scratch run succeeded: the same call cannot abort here
+        raise RuntimeError(f"{op}: ggml aborted in the real call after a clean scratch run "
+                           f"(please report): {g.message.decode('utf-8', 'replace')}")
+    return ctx._adopt(r, tensors)
+
+
+cdef object version_error(str op, str reason):
+    return GGMLVersionError(f"{op}: not available with ggml {c_ggml_version().decode()}: {reason}")
+
+
+cdef int deprecated(str op) except -1:
+    warnings.warn(f"ggml_{op} is deprecated in ggml", DeprecationWarning, stacklevel=2)
+    return 0
+
+
+cdef str short_message(str msg):
+    """ggml's abort message without the source path: 'ggml.c:1234: GGML_ASSERT(x) failed'."""
+    msg = msg.strip()
+    head, sep, tail = msg.partition(": ")
+    if sep and ("/" in head or "\\" in head):
+        return os.path.basename(head) + ": " + tail
+    return msg
+
+
+cdef str describe(const ggml_tensor * t):
+    if t == NULL:
+        return "NULL"
+    return (f"{ggml_type_name(t.type).decode()} ne=({t.ne[0]}, {t.ne[1]}, {t.ne[2]}, {t.ne[3]}) "
+            f"nb=({t.nb[0]}, {t.nb[1]}, {t.nb[2]}, {t.nb[3]})")
+
+
+cdef str _describe_args(tuple names, tuple tensors):
+    cdef Tensor t
+    parts = []
+    for name, t in zip(names, tensors):
+        parts.append(f"{name}: {describe(t.ptr) if t is not None else 'None'}")
+    return ("; " + ", ".join(parts)) if parts else ""
+
+
+cdef str _node_name(const ggml_tensor * t):
+    name = ggml_op_name(t.op).decode()
+    if t.op == GGML_OP_UNARY:
+        name += ":" + ggml_unary_op_name(<ggml_unary_op>t.op_params[0]).decode()
+    elif t.op == GGML_OP_GLU:
+        name += ":" + ggml_glu_op_name(<ggml_glu_op>t.op_params[0]).decode()
+    return name
+
+
+cdef int _raise_refusal(int rc, const char * buf, const char * defect, const ggml_tensor * node,
+                        str where, tuple names, tuple tensors) except -1:
+    cdef Tensor t
+    cdef int i
+    msg = buf.decode("utf-8", "replace")
+    opname = _node_name(node)
+    roles = []
+    for i in range(GGML_MAX_SRC):
+        for name, t in zip(names, tensors):
+            if t is not None and node.src[i] == t.ptr:
+                roles.append(f"src{i} is {name}")
+    srcs = ", ".join(f"src{i}: {describe(node.src[i])}" for i in range(GGML_MAX_SRC) if node.src[i] != NULL)
+    detail = f" ({'; '.join(roles)})" if roles else ""
+    text = f"{where}: {opname} node refused: {msg}{detail}. Node: {describe(node)}; {srcs}"
+    if defect != NULL:
+        raise UpstreamDefect(text, defect.decode())
+    if rc == PYGGML_REFUSED_TYPE:
+        raise GGMLTypeError(text)
+    raise KernelPreconditionError(text, opname)
+
+
+cdef int check_node(const ggml_tensor * node, str where) except -1:
+    """Raise if the CPU kernel of ``node`` would not run on it; 1 when pyggml has no rule
+    for its op (the caller proves the graph some other way), else 0."""
+    return check_node_named(node, where, (), ())
+
+
+cdef int check_node_named(const ggml_tensor * node, str where, tuple names, tuple tensors) except -1:
+    """check_node, naming the sources that are the given argument tensors."""
+    cdef char buf[PYGGML_MSG_CAP]
+    cdef const char * defect = NULL
+    cdef int rc = pyggml_check_node(node, buf, PYGGML_MSG_CAP, &defect)
+    if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
+        _raise_refusal(rc, buf, defect, node, where, names, tensors)
+    return 1 if rc == PYGGML_UNCHECKED else 0
+
+
+def op_is_checked(op, sub_op=0):
+    """op_is_checked(op, sub_op=0) -> bool: pyggml has a kernel rule for this GGML_OP
+    (and GGML_UNARY_OP/GGML_GLU_OP sub-op) of the linked ggml."""
+    return bool(pyggml_op_is_checked(index_arg(op, "op", ""), index_arg(sub_op, "sub_op", "")))
+
+
+# --- functions that mark tensors (ggml.h; not graph builders) ----------------------------
+
+cdef uint64_t _F32_F16 = (1 << GGML_TYPE_F32) | (1 << GGML_TYPE_F16)
+
+
+def set_param(t):
+    """set_param(t): mark ``t`` as a parameter: graphs with grads compute its gradient.
+
+    ``t`` must be made by new_tensor/from_numpy (op NONE), F32 or F16, and be marked
+    before the graph that uses it is expanded.
+    """
+    cdef Tensor tensor = arg_tensor(t, "t", "set_param")
+    if tensor.ptr.op != GGML_OP_NONE:
+        raise ArgumentError(f"set_param: t must be an input tensor (op NONE), not the result of {tensor.op}")
+    if not (_F32_F16 >> <int>tensor.ptr.type) & 1:
+        raise GGMLTypeError(f"set_param: t has type {Type(tensor.ptr.type).name}; supported: F32, F16")
+    ggml_set_param(tensor.ptr)
+
+
+def set_loss(t):
+    """set_loss(t): mark the scalar F32 tensor ``t`` as a loss (its gradient starts at 1)."""
+    cdef Tensor tensor = arg_tensor(t, "t", "set_loss")
+    if tensor.ptr.type != GGML_TYPE_F32:
+        raise GGMLTypeError(f"set_loss: t has type {Type(tensor.ptr.type).name}; supported: F32")
+    if ggml_nelements(tensor.ptr) != 1:
+        raise ArgumentError(f"set_loss: t must be a scalar (1 element), got ne={tensor.ne}")
+    ggml_set_loss(tensor.ptr)
+
+
+def mul_mat_set_prec(a, prec):
+    """mul_mat_set_prec(a, prec): the precision (:class:`Prec`) of a MUL_MAT node ``a``
+    (``ggml_mul_mat_set_prec``; the CPU backend computes in F32 either way)."""
+    cdef Tensor t = arg_tensor(a, "a", "mul_mat_set_prec")
+    cdef int p = arg_enum(prec, Prec, "prec", "mul_mat_set_prec")
+    if t.ptr.op != GGML_OP_MUL_MAT:
+        raise ArgumentError(f"mul_mat_set_prec: a must be a MUL_MAT node, not {t.op}")
+    ggml_mul_mat_set_prec(t.ptr, <ggml_prec>p)
+
+
+def flash_attn_ext_set_prec(a, prec):
+    """flash_attn_ext_set_prec(a, prec): the precision (:class:`Prec`) of a FLASH_ATTN_EXT
+    node ``a`` (``ggml_flash_attn_ext_set_prec``)."""
+    cdef Tensor t = arg_tensor(a, "a", "flash_attn_ext_set_prec")
+    cdef int p = arg_enum(prec, Prec, "prec", "flash_attn_ext_set_prec")
+    if ggml_op_name(t.ptr.op).decode() != "FLASH_ATTN_EXT":
+        raise ArgumentError(f"flash_attn_ext_set_prec: a must be a FLASH_ATTN_EXT node, not {t.op}")
+    ggml_flash_attn_ext_set_prec(t.ptr, <ggml_prec>p)
+
+
+def linked_op_names():
+    """linked_op_names() -> (ops, unary_ops, glu_ops): the names the linked ggml gives its
+    ops (``ggml_op_name``, ``ggml_unary_op_name``, ``ggml_glu_op_name``), in enum order."""
+    ops = [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)]
+    unary = [ggml_unary_op_name(<ggml_unary_op>i).decode() for i in range(GGML_UNARY_OP_COUNT)]
+    glu = [ggml_glu_op_name(<ggml_glu_op>i).decode() for i in range(GGML_GLU_OP_COUNT)]
+    return ops, unary, glu

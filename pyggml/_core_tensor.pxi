@@ -1,0 +1,258 @@
+# Included by _core.pyx: the Tensor.
+
+cdef inline int _shape_ndims(const ggml_tensor * p):
+    # ggml_n_dims counts up to the last dimension > 1; a 0 beyond it must stay
+    cdef int i, n = ggml_n_dims(p)
+    for i in range(n, GGML_MAX_DIMS):
+        if p.ne[i] == 0:
+            n = i + 1
+    return n
+
+
+cdef Tensor wrap(Context ctx, ggml_tensor * p):
+    cdef Tensor t = Tensor.__new__(Tensor)
+    t.ptr = p
+    t.ctx = ctx
+    return t
+
+
+@cython.final
+@cython.freelist(64)
+@cython.no_gc   # holds only its Context, which never refers back to a Tensor: no cycles
+cdef class Tensor:
+    """A ggml tensor in a :class:`Context`. Made by ``Context.new_tensor``,
+    ``Context.from_numpy`` and the ops; not constructed directly.
+
+    ``ne``/``nb`` are ggml order (fastest first; elements / bytes);
+    ``shape`` is numpy order.
+    """
+
+    def __init__(self):
+        raise GGMLTypeError("Tensors are made by Context.new_tensor, Context.from_numpy or an op")
+
+    cdef int _check(self) except -1:
+        if self.ctx.ptr == NULL:
+            raise ContextClosedError("tensor used after its context was closed")
+        return 0
+
+    def __eq__(self, other):
+        return type(other) is Tensor and (<Tensor>other).ptr == self.ptr
+
+    def __hash__(self):
+        return hash(<uintptr_t>self.ptr)
+
+    def __repr__(self):
+        if self.ctx.ptr == NULL:
+            return "<pyggml.Tensor (context closed)>"
+        return f"<pyggml.Tensor {self.name!r} {Type(self.ptr.type).name} ne={self.ne} op={self.op}>"
+
+    @property
+    def type(self):
+        self._check()
+        return Type(self.ptr.type)
+
+    @property
+    def ne(self):
+        """Elements per dimension, ggml order (4-tuple)."""
+        self._check()
+        return (self.ptr.ne[0], self.ptr.ne[1], self.ptr.ne[2], self.ptr.ne[3])
+
+    @property
+    def nb(self):
+        """Stride per dimension in bytes, ggml order (4-tuple)."""
+        self._check()
+        return (self.ptr.nb[0], self.ptr.nb[1], self.ptr.nb[2], self.ptr.nb[3])
+
+    @property
+    def n_dims(self):
+        """``ggml_n_dims``: 1 + the index of the last dimension with ne > 1 (1 for scalars)."""
+        self._check()
+        return ggml_n_dims(self.ptr)
+
+    @property
+    def shape(self):
+        """numpy-order shape: ``ne[:n_dims]`` reversed (and any dimension of 0 kept,
+        which ``ggml_n_dims`` ignores, so an empty tensor has an empty shape)."""
+        self._check()
+        cdef const int64_t * ne = self.ptr.ne
+        cdef int n = _shape_ndims(self.ptr)
+        if n == 1:
+            return (ne[0],)
+        if n == 2:
+            return (ne[1], ne[0])
+        if n == 3:
+            return (ne[2], ne[1], ne[0])
+        return (ne[3], ne[2], ne[1], ne[0])
+
+    @property
+    def nelements(self):
+        self._check()
+        return ggml_nelements(self.ptr)
+
+    @property
+    def nbytes(self):
+        self._check()
+        return ggml_nbytes(self.ptr)
+
+    @property
+    def name(self):
+        self._check()
+        return self.ptr.name[:strlen(self.ptr.name)].decode("utf-8", "replace")
+
+    @name.setter
+    def name(self, value):
+        self._check()
+        if not isinstance(value, str):
+            raise GGMLTypeError(f"name must be a str, not {type(value).__name__}")
+        b = value.encode()
+        if len(b) >= GGML_MAX_NAME or b"\0" in b:
+            raise ArgumentError(f"name must be at most {GGML_MAX_NAME - 1} UTF-8 bytes without NUL, got {len(b)}")
+        ggml_set_name(self.ptr, PyBytes_AsString(b))
+
+    @property
+    def op(self):
+        """The op that makes this tensor, as ggml names it (``ggml_op_name``), e.g. ``"ADD"``.
+        For GGML_OP_UNARY and GGML_OP_GLU: ``"UNARY"``/``"GLU"`` (see :attr:`sub_op`)."""
+        self._check()
+        return ggml_op_name(self.ptr.op).decode()
+
+    @property
+    def sub_op(self):
+        """For UNARY and GLU nodes, the unary or gated op's name (e.g. ``"RELU"``), else None."""
+        self._check()
+        if self.ptr.op == GGML_OP_UNARY:
+            return ggml_unary_op_name(<ggml_unary_op>self.ptr.op_params[0]).decode()
+        if self.ptr.op == GGML_OP_GLU:
+            return ggml_glu_op_name(<ggml_glu_op>self.ptr.op_params[0]).decode()
+        return None
+
+    @property
+    def op_params(self):
+        """The ``GGML_MAX_OP_PARAMS // 4`` int32 op parameters."""
+        self._check()
+        return tuple(self.ptr.op_params[i] for i in range(GGML_MAX_OP_PARAMS // 4))
+
+    @property
+    def flags(self):
+        self._check()
+        return self.ptr.flags
+
+    @property
+    def src(self):
+        """The source tensors (``src[0..]`` up to the last non-NULL; None for a NULL between)."""
+        self._check()
+        cdef int i, last = -1
+        for i in range(GGML_MAX_SRC):
+            if self.ptr.src[i] != NULL:
+                last = i
+        return tuple(self._related(self.ptr.src[i]) for i in range(last + 1))
+
+    @property
+    def view_src(self):
+        self._check()
+        return self._related(self.ptr.view_src)
+
+    @property
+    def view_offs(self):
+        self._check()
+        return self.ptr.view_offs
+
+    cdef object _related(self, ggml_tensor * p):
+        if p == NULL:
+            return None
+        cdef Context owner = self.ctx._owner_of(p)
+        if owner is None:
+            raise RuntimeError("source tensor belongs to no context pyggml knows")
+        return wrap(owner, p)
+
+    @property
+    def data_ptr(self):
+        """Address of the tensor's data (0 for no data)."""
+        self._check()
+        return <uintptr_t>self.ptr.data
+
+    cdef object _view(self, int nd):
+        """Zero-copy ndarray over the data with the first ``nd`` ggml dims (numpy order)."""
+        self._check()
+        cdef ggml_tensor * p = self.ptr
+        typenum = _NPY_TYPENUM.get(<int>p.type)
+        if typenum is None:
+            raise GGMLTypeError(f"numpy: type {Type(p.type).name} has no numpy dtype (quantized blocks: "
+                                f"use Tensor.blocks())")
+        if ggml_nelements(p) == 0:
+            # nothing to share; ggml gives empty tensors no data pointer
+            return np.empty(tuple(p.ne[i] for i in range(nd - 1, -1, -1)), dtype=_NUMPY_DTYPE[Type(p.type)])
+        if p.data == NULL:
+            raise ArgumentError("numpy: the tensor has no data (its context was created with no_alloc=True)")
+        cdef cnp.npy_intp dims[4]
+        cdef cnp.npy_intp strides[4]
+        cdef int i
+        cdef size_t span = ggml_type_size(p.type)
+        for i in range(nd):
+            dims[nd - 1 - i] = p.ne[i]
+            strides[nd - 1 - i] = p.nb[i]
+        for i in range(GGML_MAX_DIMS):
+            span += (p.ne[i] - 1) * p.nb[i]
+        cdef Storage pool = self.ctx._storage_of(p.data, span)
+        if pool is None:
+            raise ArgumentError("numpy: the tensor's data lies outside the memory of its contexts")
+        arr = cnp.PyArray_New(np.ndarray, nd, dims, typenum, strides, p.data,
+                              ggml_type_size(p.type), cnp.NPY_ARRAY_WRITEABLE, None)
+        cnp.set_array_base(arr, pool)
+        return arr
+
+    cdef object _raw_view(self):
+        """The data as numpy sees it: numpy() for plain types, blocks() for quantized ones."""
+        if ggml_is_quantized(self.ptr.type):
+            return self.blocks()
+        return self._view(_shape_ndims(self.ptr))
+
+    def numpy(self):
+        """numpy() -> ndarray
+
+        A zero-copy, writable view of the tensor's data, shaped ``self.shape``
+        with strides ``nb`` reversed. Its ``base`` keeps the memory alive, also
+        after the context is closed. BF16 data is shown as ``uint16`` bits;
+        quantized types have no numpy dtype (see :meth:`blocks`).
+        """
+        self._check()
+        return self._view(_shape_ndims(self.ptr))
+
+    def blocks(self):
+        """blocks() -> ndarray of uint8
+
+        A zero-copy view of a quantized tensor's rows as raw bytes in ggml's block
+        layout: shape ``self.shape[:-1] + (row bytes,)`` (what :func:`pyggml.quantize`
+        returns). Rows must be contiguous (``nb[0]`` the block size in bytes).
+        """
+        self._check()
+        cdef ggml_tensor * p = self.ptr
+        if not ggml_is_quantized(p.type):
+            raise GGMLTypeError(f"blocks: type {Type(p.type).name} is not quantized (use numpy())")
+        if p.nb[0] != ggml_type_size(p.type):
+            raise ArgumentError(f"blocks: rows must be contiguous, got nb={self.nb}")
+        cdef int nd = _shape_ndims(p)
+        cdef int64_t blck = ggml_blck_size(p.type)
+        # row bytes along the last numpy axis: items are bytes, the row a run of them
+        cdef cnp.npy_intp dims[4]
+        cdef cnp.npy_intp strides[4]
+        cdef int i
+        dims[nd - 1] = p.ne[0] // blck * <int64_t>ggml_type_size(p.type)
+        strides[nd - 1] = 1
+        for i in range(1, nd):
+            dims[nd - 1 - i] = p.ne[i]
+            strides[nd - 1 - i] = p.nb[i]
+        if ggml_nelements(p) == 0:
+            return np.empty(tuple(dims[i] for i in range(nd)), dtype=np.uint8)
+        if p.data == NULL:
+            raise ArgumentError("blocks: the tensor has no data (its context was created with no_alloc=True)")
+        cdef size_t span = dims[nd - 1]
+        for i in range(1, GGML_MAX_DIMS):
+            span += (p.ne[i] - 1) * p.nb[i]
+        cdef Storage pool = self.ctx._storage_of(p.data, span)
+        if pool is None:
+            raise ArgumentError("blocks: the tensor's data lies outside the memory of its contexts")
+        arr = cnp.PyArray_New(np.ndarray, nd, dims, cnp.NPY_UINT8, strides, p.data, 1,
+                              cnp.NPY_ARRAY_WRITEABLE, None)
+        cnp.set_array_base(arr, pool)
+        return arr

@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Generate pyggml's op layer from the op table (pyggml/ops.txt) and the ggml.h being built.
+
+Run by CMake at configure time (``python pyggml/_gen_ops.py --header .../ggml.h --out DIR``);
+files are rewritten only when their content changes, so a rebuild recompiles only what an
+edit touched. Writes into DIR:
+
+* ``pyggml_ops.h``, ``pyggml_ops.c``: one guarded call per builder the linked ggml has
+  (``pyggml_try_<name>``, see csrc/pyggml_rt.h), called through a function pointer typed
+  as the table says. The C file is compiled with ``-Werror=incompatible-pointer-types``:
+  a row whose types drift from the header (a narrowed or reordered parameter) fails the
+  build.
+* ``_ops_<family>.pyx`` and ``.pyi``: the Python wrappers and their stubs, one module per
+  family of the table (a module never defines an op named like a builtin it uses).
+* ``_ops.py``: imports every wrapper; ``pyggml/__init__.py`` re-exports it.
+* ``_optable.py``: the table as data, with what the linked ggml has (for
+  ``op_coverage()``, the tests and the fuzzer).
+* ``enum_members.pxi``: the members of ggml's enums in the header, for ``pyggml._core``.
+* ``ops_manifest.cmake``: the family modules, for CMake.
+
+Why at build time and not committed: which builders exist, and with which signature,
+depends on the ggml being built (the pinned release, an older one, master); the table
+says what pyggml binds, the header what this ggml has, and both meet only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pprint
+import re
+import sys
+
+# C types of the table -> (trampoline C type, Cython C type, Python stub type, conversion helper)
+SCALARS = {
+    "int": ("int", "int", "int", "_c.arg_int32"),
+    "int32_t": ("int32_t", "int32_t", "int", "_c.arg_int32"),
+    "int64_t": ("int64_t", "int64_t", "int", "_c.arg_int64"),
+    "uint32_t": ("uint32_t", "uint32_t", "int", "_c.arg_uint32"),
+    "size_t": ("size_t", "size_t", "int", "_c.arg_size"),
+    "float": ("float", "float", "float", "_c.arg_float"),
+    "bool": ("int", "int", "bool", "_c.arg_bool"),
+}
+# enum C type -> the IntEnum of pyggml._core that carries its values
+ENUMS = {
+    "enum ggml_type": "Type",
+    "enum ggml_glu_op": "GluOp",
+    "enum ggml_unary_op": "UnaryOp",
+    "enum ggml_op_pool": "OpPool",
+    "enum ggml_scale_mode": "ScaleMode",
+    "enum ggml_sort_order": "SortOrder",
+    "enum ggml_tri_type": "TriType",
+}
+# enums whose members enum_members.pxi lists: C enum -> (class name, member prefix)
+ENUM_CLASSES = {
+    "ggml_type": ("Type", "GGML_TYPE_"),
+    "ggml_prec": ("Prec", "GGML_PREC_"),
+    "ggml_op": ("Op", "GGML_OP_"),
+    "ggml_unary_op": ("UnaryOp", "GGML_UNARY_OP_"),
+    "ggml_glu_op": ("GluOp", "GGML_GLU_OP_"),
+    "ggml_op_pool": ("OpPool", "GGML_OP_POOL_"),
+    "ggml_scale_mode": ("ScaleMode", "GGML_SCALE_MODE_"),
+    "ggml_scale_flag": ("ScaleFlag", "GGML_SCALE_FLAG_"),
+    "ggml_sort_order": ("SortOrder", "GGML_SORT_ORDER_"),
+    "ggml_tri_type": ("TriType", "GGML_TRI_TYPE_"),
+}
+# the Python builtins a family module must not shadow with an op of the same name (the
+# wrappers never call builtins, but helpers in the module might one day)
+FLAGS = {"inplace", "deprecated", "unbound", "impl=pyggml"}
+
+
+@dataclasses.dataclass
+class Param:
+    name: str
+    ctype: str          # the C type as in ggml.h ("struct ggml_tensor *", "int", "int[4]", ...)
+    kind: str           # tensor | tensor? | scalar | enum | array
+    length: int = 0     # for arrays
+
+    @property
+    def pyname(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass
+class Op:
+    name: str
+    since: str
+    makes: str
+    params: list[Param]
+    flags: set[str]
+    summary: str
+    family: str
+    line: int
+    available: bool = True
+    reason: str = ""
+
+    @property
+    def cname(self) -> str:
+        return "ggml_" + self.name
+
+    @property
+    def bound(self) -> bool:
+        return "unbound" not in self.flags and "impl=pyggml" not in self.flags
+
+
+class TableError(Exception):
+    pass
+
+
+def parse_param(text: str, where: str) -> Param:
+    text = " ".join(text.split())
+    m = re.fullmatch(r"(tensor\??) (\w+)", text)
+    if m:
+        return Param(m.group(2), "struct ggml_tensor *", m.group(1))
+    m = re.fullmatch(r"(int|int64_t) (\w+)\[(\w+)\]", text)
+    if m:
+        n = 4 if m.group(3) in ("4", "GGML_MROPE_SECTIONS") else None
+        if n is None:
+            raise TableError(f"{where}: array length {m.group(3)} not understood")
+        return Param(m.group(2), f"{m.group(1)}[{n}]", "array", n)
+    m = re.fullmatch(r"int64_t \* (\w+)", text)
+    if m:   # ggml_im2col_back's ne: 4 values
+        return Param(m.group(1), "int64_t *", "array", 4)
+    m = re.fullmatch(r"((?:enum )?\w+) (\w+)", text)
+    if m and m.group(1) in SCALARS:
+        return Param(m.group(2), m.group(1), "scalar")
+    if m and m.group(1) in ENUMS:
+        return Param(m.group(2), m.group(1), "enum")
+    return Param(text.split()[-1], " ".join(text.split()[:-1]), "opaque")
+
+
+def read_table(path: str) -> list[Op]:
+    ops: list[Op] = []
+    family = None
+    seen = set()
+    with open(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            where = f"{path}:{lineno}"
+            m = re.fullmatch(r"\[(\w+)\]", line)
+            if m:
+                family = m.group(1)
+                continue
+            cols = [c.strip() for c in line.split(" | ")]
+            if len(cols) != 6:
+                raise TableError(f"{where}: expected 6 columns separated by ' | ', got {len(cols)}")
+            name, since, makes, params, flags, summary = cols
+            if family is None:
+                raise TableError(f"{where}: a row before the first [family]")
+            if not re.fullmatch(r"[a-z_0-9]+", name) or name in seen:
+                raise TableError(f"{where}: bad or repeated name {name!r}")
+            seen.add(name)
+            if not re.fullmatch(r"\d+\.\d+\.\d+", since):
+                raise TableError(f"{where}: since must be a release like 0.9.4, got {since!r}")
+            if not re.fullmatch(r"[A-Z_0-9]+|(UNARY|GLU):([A-Z_0-9]+|\*)", makes):
+                raise TableError(f"{where}: makes {makes!r} is not OP, UNARY:X or GLU:X")
+            flagset = {x.strip() for x in flags.split(",") if x.strip()}
+            if flagset - FLAGS:
+                raise TableError(f"{where}: unknown flags {sorted(flagset - FLAGS)}")
+            plist = [parse_param(p, where) for p in params.split(",")] if params else []
+            names = [p.name for p in plist]
+            if len(set(names)) != len(names) or set(names) & {"ctx", "_guard", "_r", "_c"}:
+                raise TableError(f"{where}: parameter names must be unique and not ctx, _guard, _r or _c")
+            op = Op(name, since, makes, plist, flagset, summary, family, lineno)
+            if op.bound and any(p.kind == "opaque" for p in plist):
+                raise TableError(f"{where}: {name} has parameters pyggml cannot pass "
+                                 f"({[p.ctype for p in plist if p.kind == 'opaque']}); mark it unbound")
+            ops.append(op)
+    return ops
+
+
+# --- the header -------------------------------------------------------------------------
+
+def strip_c_comments(src: str) -> str:
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    return re.sub(r"//[^\n]*", "", src)
+
+
+def header_builders(src: str) -> dict[str, list[str]]:
+    """Every ``struct ggml_tensor * ggml_x(struct ggml_context * ctx, ...)`` of ggml.h,
+    with its parameter types (names dropped, arrays as ``T[n]``)."""
+    out = {}
+    pat = r"GGML_API\s+struct\s+ggml_tensor\s*\*\s*(ggml_\w+)\s*\(([^)]*)\)"
+    for m in re.finditer(pat, src, flags=re.S):
+        args = [" ".join(a.replace("*", " * ").split()) for a in m.group(2).split(",")]
+        if not args or not re.fullmatch(r"struct ggml_context \* \w+", args[0]):
+            continue
+        out[m.group(1)] = [normalize_decl(a) for a in args[1:]]
+    return out
+
+
+def normalize_decl(decl: str) -> str:
+    """A parameter declaration without its name: 'int sections[GGML_MROPE_SECTIONS]' -> 'int[4]'."""
+    decl = " ".join(decl.replace("*", " * ").split())
+    m = re.fullmatch(r"(.*?) ?(\w+)\[(\w+)\]", decl)
+    if m:
+        n = "4" if m.group(3) in ("4", "GGML_MROPE_SECTIONS") else m.group(3)
+        return f"{m.group(1)}[{n}]"
+    return " ".join(decl.split()[:-1])
+
+
+def header_enums(src: str) -> dict[str, list[str]]:
+    out = {}
+    for m in re.finditer(r"enum\s+(\w+)\s*\{([^}]*)\}", src):
+        members = []
+        for item in m.group(2).split(","):
+            item = item.strip()
+            if item:
+                members.append(item.split("=")[0].strip())
+        out[m.group(1)] = members
+    return out
+
+
+def header_version(path: str) -> str:
+    """GGML_VERSION from the tree's CMakeLists.txt next to include/, if there is one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    parts = {}
+    try:
+        text = open(os.path.join(root, "CMakeLists.txt")).read()
+    except OSError:
+        return "unknown"
+    for key in ("MAJOR", "MINOR", "PATCH"):
+        m = re.search(rf"set\(GGML_VERSION_{key}\s+(\d+)\)", text)
+        if m:
+            parts[key] = m.group(1)
+    if len(parts) == 3:
+        return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+    return "unknown"
+
+
+def resolve(ops: list[Op], builders: dict[str, list[str]]) -> None:
+    for op in ops:
+        if not op.bound:
+            op.available = False
+            op.reason = ("pyggml builds this node itself" if "impl=pyggml" in op.flags
+                         else "custom C callbacks are not bound yet")
+            continue
+        have = builders.get(op.cname)
+        want = [p.ctype if p.kind != "array" else p.ctype for p in op.params]
+        if have is None:
+            op.available = False
+            op.reason = f"this ggml has no {op.cname} (pyggml's table: since {op.since})"
+        elif have != want:
+            op.available = False
+            op.reason = (f"{op.cname} of this ggml takes ({', '.join(have)}); pyggml binds "
+                         f"({', '.join(want)}) (since {op.since})")
+
+
+# --- C ----------------------------------------------------------------------------------
+
+def c_param_type(p: Param, trampoline: bool) -> str:
+    """The C type of a parameter in the typed pointer (exact) or the trampoline (simple)."""
+    if p.kind in ("tensor", "tensor?"):
+        return "struct ggml_tensor *"
+    if p.kind == "array":
+        return ("int64_t *" if p.ctype.startswith("int64_t") else "int *")
+    if p.kind == "enum":
+        return "int" if trampoline else p.ctype
+    if trampoline:
+        return SCALARS[p.ctype][0]
+    return p.ctype
+
+
+def c_cast(p: Param) -> str:
+    if p.kind == "enum":
+        return f"({p.ctype}) {p.name}"
+    if p.ctype == "bool":
+        return f"{p.name} != 0"
+    return p.name
+
+
+def gen_c(ops: list[Op]) -> tuple[str, str]:
+    h = ["/* Generated by pyggml/_gen_ops.py from pyggml/ops.txt: do not edit. */",
+         "#pragma once", '#include "pyggml_rt.h"', ""]
+    c = ["/* Generated by pyggml/_gen_ops.py from pyggml/ops.txt: do not edit.",
+         " * Each builder is called through a pointer typed as the table declares it; built with",
+         " * -Werror=incompatible-pointer-types, so a table row that drifts from ggml.h fails the build. */",
+         "#include <stdbool.h>", '#include "pyggml_ops.h"', ""]
+    for op in ops:
+        h.append(f"#define PYGGML_HAVE_{op.name.upper()} {int(op.available)}")
+    h.append("")
+    for op in ops:
+        if not op.available:
+            continue
+        exact = ", ".join(["struct ggml_context *"] + [c_param_type(p, False) if p.kind != "array"
+                                                       else ("int64_t *" if "int64" in p.ctype else "int *")
+                                                       for p in op.params])
+        simple = ", ".join(["pyggml_guard * pg_guard", "struct ggml_context * pg_ctx"]
+                           + [f"{c_param_type(p, True)} {p.name}" for p in op.params])
+        call = ", ".join(["pg_ctx"] + [c_cast(p) for p in op.params])
+        h.append(f"PYGGML_RT_API struct ggml_tensor * pyggml_try_{op.name}({simple});")
+        c.append(f"static struct ggml_tensor * (* const fn_{op.name})({exact}) = {op.cname};")
+        c.append(f"struct ggml_tensor * pyggml_try_{op.name}({simple}) {{")
+        c.append("    struct ggml_tensor * volatile pg_result = NULL;")
+        c.append("    pyggml_guard_enter(pg_guard);")
+        c.append("    if (setjmp(pg_guard->env) == 0) {")
+        c.append(f"        pg_result = fn_{op.name}({call});")
+        c.append("        pyggml_guard_leave(pg_guard);")
+        c.append("    }")
+        c.append("    return pg_result;")
+        c.append("}")
+        c.append("")
+    return "\n".join(h) + "\n", "\n".join(c) + "\n"
+
+
+# --- Cython -----------------------------------------------------------------------------
+
+def cy_decl(op: Op) -> str:
+    args = ["pyggml_guard * pg_guard", "ggml_context * pg_ctx"]
+    for p in op.params:
+        if p.kind in ("tensor", "tensor?"):
+            args.append(f"ggml_tensor * {p.name}")
+        elif p.kind == "array":
+            args.append(f"{'int64_t' if 'int64' in p.ctype else 'int'} * {p.name}")
+        elif p.kind == "enum":
+            args.append(f"int {p.name}")
+        else:
+            args.append(f"{SCALARS[p.ctype][1]} {p.name}")
+    return f"    ggml_tensor * pyggml_try_{op.name}({', '.join(args)})"
+
+
+def signature(op: Op) -> str:
+    return f"{op.name}({', '.join(['ctx'] + [p.name for p in op.params])})"
+
+
+def docstring(op: Op, version: str) -> str:
+    lines = [f"{signature(op)} -> Tensor", "", op.summary + ".", ""]
+    params = []
+    for p in op.params:
+        if p.kind == "tensor":
+            params.append(f"{p.name}: Tensor")
+        elif p.kind == "tensor?":
+            params.append(f"{p.name}: Tensor or None")
+        elif p.kind == "array":
+            params.append(f"{p.name}: {p.length} ints ({p.ctype})")
+        elif p.kind == "enum":
+            params.append(f"{p.name}: {ENUMS[p.ctype]}")
+        else:
+            params.append(f"{p.name}: {SCALARS[p.ctype][2]} ({p.ctype})")
+    lines.append(f"``{op.cname}({', '.join(['ctx'] + [p.name for p in op.params])})``; the result's "
+                 f"op is {op.makes}{' (a view of its first tensor)' if 'inplace' in op.flags else ''}.")
+    lines.append(f"ggml >= {op.since}.{' Deprecated in ggml.' if 'deprecated' in op.flags else ''}")
+    if params:
+        lines.append("Parameters, in C order: " + "; ".join(params) + ".")
+    lines.append("Raises GGMLAbort where ggml's builder would abort (its message attached), "
+                 "KernelPreconditionError/GGMLTypeError where the CPU kernel would not run, "
+                 "ContextFullError where the result does not fit ctx.")
+    if not op.available:
+        lines.append(f"Not available in this build: {op.reason}.")
+    return "\n".join("    " + x if x else "" for x in lines)
+
+
+def gen_wrapper(op: Op, version: str) -> str:
+    out = [f"def {op.name}({', '.join(['Context ctx'] + [p.name for p in op.params])}):",
+           f'    """{docstring(op, version).lstrip()}\n    """']
+    if not op.available:
+        out.append(f"    raise _c.version_error({op.name!r}, {op.reason!r})")
+        return "\n".join(out) + "\n"
+    tensors = [p for p in op.params if p.kind in ("tensor", "tensor?")]
+    for p in op.params:
+        if p.kind == "tensor":
+            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor({p.name}, {p.name!r}, {op.name!r})")
+        elif p.kind == "tensor?":
+            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor_or_none({p.name}, {p.name!r}, {op.name!r})")
+        elif p.kind == "array":
+            ct = "int64_t" if "int64" in p.ctype else "int"
+            out.append(f"    cdef {ct} c_{p.name}[{p.length}]")
+            fn = "arg_int64_array" if ct == "int64_t" else "arg_int32_array"
+            out.append(f"    _c.{fn}({p.name}, c_{p.name}, {p.length}, {p.name!r}, {op.name!r})")
+        elif p.kind == "enum":
+            out.append(f"    cdef int c_{p.name} = _c.arg_enum({p.name}, {ENUMS[p.ctype]}, {p.name!r}, {op.name!r})")
+        else:
+            ct, cyt, _, conv = SCALARS[p.ctype]
+            out.append(f"    cdef {cyt} c_{p.name} = {conv}({p.name}, {p.name!r}, {op.name!r})")
+    if "deprecated" in op.flags:
+        out.append(f"    _c.deprecated({op.name!r})")
+    args = []
+    for p in op.params:
+        if p.kind == "tensor":
+            args.append(f"t_{p.name}.ptr")
+        elif p.kind == "tensor?":
+            args.append(f"(t_{p.name}.ptr if t_{p.name} is not None else NULL)")
+        else:
+            args.append(f"c_{p.name}")
+    call_args = ", ".join(args)
+    names = "(" + "".join(f"{p.name!r}, " for p in tensors) + ")"
+    tvals = "(" + "".join(f"t_{p.name}, " for p in tensors) + ")"
+    sep = ", " if call_args else ""
+    out.append("    cdef pyggml_guard _guard")
+    out.append(f"    cdef ggml_tensor * _r = pyggml_try_{op.name}(&_guard, _c.op_scratch(ctx){sep}{call_args})")
+    out.append(f"    _c.op_check(ctx, _r, &_guard, {op.name!r}, {names}, {tvals})")
+    out.append(f"    _r = pyggml_try_{op.name}(&_guard, ctx.ptr{sep}{call_args})")
+    out.append(f"    return _c.op_result(ctx, _r, &_guard, {op.name!r}, {tvals})")
+    return "\n".join(out) + "\n"
+
+
+def gen_family(family: str, ops: list[Op], version: str) -> str:
+    out = [f"# cython: language_level=3, embedsignature=False",
+           f"# Generated by pyggml/_gen_ops.py from pyggml/ops.txt ([{family}]): do not edit.",
+           f'"""ggml\'s {family} builders (generated from pyggml/ops.txt)."""',
+           "",
+           "from libc.stdint cimport int32_t, int64_t, uint32_t",
+           "from pyggml._ggml cimport ggml_context, ggml_tensor",
+           "from pyggml._rt cimport pyggml_guard",
+           "from pyggml._core cimport Context, Tensor",
+           "cimport pyggml._core as _c",
+           "from pyggml._core import " + ", ".join(sorted(set(ENUMS.values()))),
+           "",
+           'cdef extern from "pyggml_ops.h" nogil:']
+    decls = [cy_decl(op) for op in ops if op.available]
+    out.extend(decls or ["    pass"])
+    out.append("")
+    out.append(f"__all__ = {[op.name for op in ops]!r}")
+    out.append("")
+    for op in ops:
+        out.append("")
+        out.append(gen_wrapper(op, version))
+    return "\n".join(out)
+
+
+def stub_type(p: Param) -> str:
+    if p.kind == "tensor":
+        return "Tensor"
+    if p.kind == "tensor?":
+        return "Tensor | None"
+    if p.kind == "array":
+        return "Sequence[int]"
+    if p.kind == "enum":
+        return f"{ENUMS[p.ctype]} | int"
+    return SCALARS[p.ctype][2]
+
+
+def gen_stub(family: str, ops: list[Op]) -> str:
+    out = [f"# Generated by pyggml/_gen_ops.py from pyggml/ops.txt ([{family}]): do not edit.",
+           "from typing import Sequence", "",
+           "from pyggml._core import Context, Tensor, " + ", ".join(sorted(set(ENUMS.values()))), "",
+           f"__all__ = {[op.name for op in ops]!r}", ""]
+    for op in ops:
+        params = ", ".join(["ctx: Context"] + [f"{p.name}: {stub_type(p)}" for p in op.params])
+        out.append(f"def {op.name}({params}) -> Tensor: ...")
+    return "\n".join(out) + "\n"
+
+
+def gen_ops_py(families: dict[str, list[Op]]) -> str:
+    out = ['"""Every graph builder pyggml binds (generated by pyggml/_gen_ops.py from pyggml/ops.txt)."""',
+           ""]
+    names = []
+    for fam, ops in families.items():
+        exported = [op.name for op in ops if op.bound]
+        if exported:
+            out.append(f"from pyggml._ops_{fam} import (  # noqa: F401")
+            out.extend(f"    {n}," for n in exported)
+            out.append(")")
+        names.extend(exported)
+    out.append("")
+    out.append("__all__ = [")
+    out.extend(f"    {n!r}," for n in names)
+    out.append("]")
+    return "\n".join(out) + "\n"
+
+
+def gen_optable(ops: list[Op], builders: dict[str, list[str]], version: str) -> str:
+    rows = []
+    for op in ops:
+        rows.append({
+            "name": op.name, "family": op.family, "since": op.since, "makes": op.makes,
+            "params": [(p.name, p.ctype, p.kind) for p in op.params],
+            "flags": sorted(op.flags), "summary": op.summary,
+            "available": op.available, "reason": op.reason,
+        })
+    known = {op.cname for op in ops}
+    extra = sorted(n for n in builders if n not in known and not n.startswith(("ggml_new_tensor",))
+                   and n not in ("ggml_dup_tensor", "ggml_view_tensor", "ggml_get_tensor"))
+    return ('"""The op table as data (generated by pyggml/_gen_ops.py from pyggml/ops.txt and the\n'
+            'ggml.h of this build): for op_coverage(), the tests and the fuzzer."""\n\n'
+            f"HEADER_VERSION = {version!r}\n\n"
+            "# one dict per row of pyggml/ops.txt; `available`: this build binds it (else `reason`)\n"
+            f"OPS = {pprint.pformat(rows, width=110, sort_dicts=False)}\n\n"
+            "# builders of this ggml.h that the table does not know (new upstream)\n"
+            f"HEADER_ONLY = {extra!r}\n")
+
+
+def gen_enum_pxi(enums: dict[str, list[str]]) -> str:
+    out = ["# Generated by pyggml/_gen_ops.py from the ggml.h being built: do not edit.",
+           "# The members of ggml's enums in this header; their values come from the compiler.", ""]
+    decl = ['cdef extern from "ggml.h":']
+    lists = []
+    for cenum, (cls, prefix) in ENUM_CLASSES.items():
+        members = [m for m in enums.get(cenum, []) if m.startswith(prefix)]
+        members = [m for m in members if not m.endswith("_COUNT")]
+        if cenum == "ggml_type":   # removed types linger in the header as comments only
+            members = [m for m in members if m != "GGML_TYPE_COUNT"]
+        decl.append("    enum:")
+        decl.extend(f"        {m}" for m in members)
+        pairs = ", ".join(f"({m[len(prefix):]!r}, {m})" for m in members)
+        lists.append(f"_{cls.upper()}_MEMBERS = [{pairs}]")
+    return "\n".join(out + decl + [""] + lists) + "\n"
+
+
+def write_if_changed(path: str, text: str) -> None:
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.txt"))
+    ap.add_argument("--header", required=True, help="the ggml.h pyggml is built against")
+    ap.add_argument("--out", required=True, help="output directory")
+    args = ap.parse_args(argv)
+    try:
+        ops = read_table(args.table)
+    except TableError as e:
+        print(f"_gen_ops: {e}", file=sys.stderr)
+        return 2
+    src = strip_c_comments(open(args.header).read())
+    builders = header_builders(src)
+    version = header_version(args.header)
+    resolve(ops, builders)
+    os.makedirs(args.out, exist_ok=True)
+    h, c = gen_c(ops)
+    write_if_changed(os.path.join(args.out, "pyggml_ops.h"), h)
+    write_if_changed(os.path.join(args.out, "pyggml_ops.c"), c)
+    families: dict[str, list[Op]] = {}
+    for op in ops:
+        families.setdefault(op.family, []).append(op)
+    bound_families = {f: [o for o in fops if o.bound] for f, fops in families.items()}
+    bound_families = {f: fops for f, fops in bound_families.items() if fops}
+    for fam, fops in bound_families.items():
+        write_if_changed(os.path.join(args.out, f"_ops_{fam}.pyx"), gen_family(fam, fops, version))
+        write_if_changed(os.path.join(args.out, f"_ops_{fam}.pyi"), gen_stub(fam, fops))
+    write_if_changed(os.path.join(args.out, "_ops.py"), gen_ops_py(bound_families))
+    write_if_changed(os.path.join(args.out, "_optable.py"), gen_optable(ops, builders, version))
+    write_if_changed(os.path.join(args.out, "enum_members.pxi"), gen_enum_pxi(header_enums(src)))
+    write_if_changed(os.path.join(args.out, "ops_manifest.cmake"),
+                     "set(PYGGML_OP_FAMILIES " + " ".join(bound_families) + ")\n")
+    n_av = sum(op.available for op in ops)
+    print(f"_gen_ops: {len(ops)} rows, {n_av} available in this ggml.h ({version}), "
+          f"{len(bound_families)} modules -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

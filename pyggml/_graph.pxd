@@ -1,0 +1,42 @@
+# cython: language_level=3
+# The Graph and its tensor-address set, for the executors (_cpu) to cimport.
+
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+
+from pyggml._ggml cimport ggml_cgraph, ggml_tensor
+from pyggml._core cimport Context
+
+
+cdef class _PtrSet:
+    cdef uintptr_t * table
+    cdef size_t cap, n
+    cdef uintptr_t small[16]
+    cdef int _resize(self, size_t cap) except -1
+    cdef bint contains(self, uintptr_t key)
+    cdef int add(self, uintptr_t key) except -1
+    cdef void discard(self, uintptr_t key)
+
+
+cdef class Graph:
+    cdef ggml_cgraph * ptr
+    cdef readonly Context ctx
+    cdef readonly size_t size
+    cdef readonly bint grads
+    cdef _PtrSet _seen      # tensors (addresses) already in the graph
+    cdef set _ctxs          # contexts whose tensors the graph reaches, beyond ctx
+                            # (None while there are none: the common case stays cheap)
+    cdef int _n_nodes, _n_leafs
+    cdef object _unallocated  # first tensor without data, or None
+    cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
+    cdef bint _busy           # a thread computes or changes the graph
+    cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
+    cdef bint _unproven       # ... and the graph changed since a forked proof last passed
+
+    cdef int _check(self) except -1
+    cdef int _check_idle(self) except -1
+    cdef int _add_contexts(self, Context c) except -1
+    cdef list _keep_alive(self)
+    cdef object _tensor(self, ggml_tensor * p)
+    cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added)
+    cdef uint64_t _dry_backward(self, Context ctx) except? 0
+    cdef int _track_new_nodes(self, int first) except -1

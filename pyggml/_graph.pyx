@@ -1,0 +1,398 @@
+# cython: language_level=3, embedsignature=True
+"""pyggml._graph: the Graph (ggml_cgraph): building it forward and backward.
+
+Computing is the executor's job (``pyggml._cpu`` today): ``Graph.compute`` hands the
+graph to it. Every node that enters a graph is checked against its CPU kernel's
+preconditions (csrc/rules_*.c); a graph holding an op pyggml has no rule for yet is
+proven once, in a forked child, before its first compute.
+"""
+
+cimport cython
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport malloc, realloc
+from libc.string cimport memcpy
+
+from pyggml._ggml cimport *
+from pyggml._rt cimport *
+from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node, need_open, wrap
+cimport pyggml._core as _c
+
+from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
+                           GraphBusyError, GraphFullError)
+
+include "_graph_ptrset.pxi"
+
+
+# ggml walks a graph recursively (ggml_visit_parents_graph): a chain of n new nodes
+# needs about n frames of C stack. Beyond this many new nodes, pyggml runs the walk on
+# a thread of its own with a stack sized for it (tests/test_graph.py: 200,000 nodes).
+cdef size_t _DEEP = 8192
+cdef size_t _FRAME_BYTES = 512          # generous: a frame of ggml_visit_parents_graph
+
+
+cdef size_t _stack_for(size_t n_nodes):
+    return 0 if n_nodes < _DEEP else (1 << 20) + _FRAME_BYTES * n_nodes
+
+
+cdef object _executor = None
+
+
+def _set_default_executor(executor):
+    """Install the executor Graph.compute uses (pyggml._cpu does, at import)."""
+    global _executor
+    _executor = executor
+
+
+@cython.final
+cdef class Graph:
+    """Graph(ctx, size=DEFAULT_GRAPH_SIZE, grads=False)
+
+    A computation graph (``ggml_new_graph_custom``) allocated in ``ctx``, with
+    room for ``size`` nodes and ``size`` leafs.
+    """
+
+    def __cinit__(self, Context ctx, size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
+        self.ptr = NULL
+        need_open(ctx)
+        lsize = _c.index_arg(size, "size", "Graph")
+        if not 1 <= lsize <= (1 << 30):
+            raise ArgumentError(f"size must be in [1, 2**30], got {size}")
+        cdef size_t csize = lsize
+        cdef bint cgrads = _c.arg_bool(grads, "grads", "Graph")
+        ctx._reserve(ggml_graph_overhead_custom(csize, cgrads), f"Graph(size={size})")
+        self.ptr = ggml_new_graph_custom(ctx.ptr, csize, cgrads)
+        self.ctx = ctx
+        self.size = csize
+        self.grads = cgrads
+        self._seen = _PtrSet()
+        self._ctxs = None
+
+    @staticmethod
+    def overhead(size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
+        """Bytes a Graph of ``size`` takes in its context (``ggml_graph_overhead_custom``)."""
+        return ggml_graph_overhead_custom(_c.index_arg(size, "size", "overhead"), bool(grads))
+
+    cdef int _check(self) except -1:
+        cdef Context c
+        if self.ctx.ptr == NULL:
+            raise ContextClosedError("graph used after its context was closed")
+        return 0
+
+    cdef int _check_idle(self) except -1:
+        # a graph must not change while another thread computes it
+        if self._busy:
+            raise GraphBusyError("the graph is being computed in another thread")
+        return self._check()
+
+    cdef int _add_contexts(self, Context c) except -1:
+        """The graph now reaches tensors of ``c`` (and of what ``c`` depends on)."""
+        if c is not self.ctx:
+            if self._ctxs is None:
+                self._ctxs = set()
+            self._ctxs.add(c)
+        if c._deps:
+            if self._ctxs is None:
+                self._ctxs = set()
+            self._ctxs.update(<set>c._deps)
+            self._ctxs.discard(self.ctx)
+        return 0
+
+    cdef list _keep_alive(self):
+        """The storages every tensor of the graph lies in: held while it computes."""
+        cdef Context c
+        keep = [self.ctx.pool]
+        keep.extend(self.ctx._dep_pools)
+        if self._ctxs is not None:
+            for c in self._ctxs:
+                keep.append(c.pool)
+                keep.extend(c._dep_pools)
+        return keep
+
+    def build_forward_expand(self, t):
+        """build_forward_expand(t): add ``t`` and everything it depends on to the graph.
+
+        Raises GraphFullError, and leaves the graph as it was, when the new nodes or
+        leafs would not fit its ``size`` (ggml would abort); a node whose CPU kernel
+        would not run on it raises as the op that made it would.
+        """
+        self._check_idle()
+        cdef Tensor tensor = arg_tensor(t, "t", "build_forward_expand")
+        cdef int new_nodes = 0, new_leafs = 0, i, unchecked = 0
+        cdef size_t sp = 0, cap = 64, n_added = 0
+        cdef ggml_tensor * p
+        cdef ggml_tensor * unallocated = NULL
+        cdef int64_t fab_mxdm = 0
+        # One buffer: the DFS stack grows from the front, the added list from the back.
+        # Small graphs use the array on the C stack; larger ones move to the heap.
+        cdef ggml_tensor * local[64]
+        cdef ggml_tensor ** buf = local
+        cdef ggml_tensor ** grown
+        try:
+            buf[sp] = tensor.ptr
+            sp += 1
+            while sp:
+                sp -= 1
+                p = buf[sp]
+                if not self._seen.add(<uintptr_t>p):
+                    continue
+                if sp + n_added + GGML_MAX_SRC + 1 > cap:
+                    if buf == local:
+                        grown = <ggml_tensor **>malloc(2 * cap * sizeof(ggml_tensor *))
+                        if grown != NULL:
+                            memcpy(grown, local, cap * sizeof(ggml_tensor *))
+                    else:
+                        grown = <ggml_tensor **>realloc(buf, 2 * cap * sizeof(ggml_tensor *))
+                    if grown == NULL:
+                        self._seen.discard(<uintptr_t>p)
+                        self._forget(buf, cap, n_added)
+                        raise MemoryError()
+                    # keep the added list at the back of the larger buffer
+                    for i in range(<int>n_added):
+                        grown[2 * cap - 1 - i] = grown[cap - 1 - i]
+                    buf = grown
+                    cap *= 2
+                n_added += 1
+                buf[cap - n_added] = p
+                if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
+                    new_leafs += 1
+                else:
+                    new_nodes += 1
+                    try:
+                        unchecked += check_node(p, "build_forward_expand")
+                    except BaseException:
+                        self._forget(buf, cap, n_added)
+                        raise
+                if p.data == NULL and unallocated == NULL:
+                    unallocated = p
+                if p.op == GGML_OP_FLASH_ATTN_BACK and p.src[0] != NULL and p.src[1] != NULL:
+                    fab_mxdm = max(fab_mxdm, p.src[0].ne[0], (p.src[1].ne[1] + 63) // 64 * 64)
+                for i in range(GGML_MAX_SRC):
+                    if p.src[i] != NULL:
+                        buf[sp] = p.src[i]
+                        sp += 1
+            if self._n_nodes + new_nodes > <int>self.size or self._n_leafs + new_leafs > <int>self.size:
+                self._forget(buf, cap, n_added)
+                raise GraphFullError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} "
+                                     f"nodes and {self._n_leafs + new_leafs} leafs; its size is {self.size}")
+        finally:
+            if buf != local:
+                free(buf)
+        cdef pyggml_guard g
+        cdef int rc = pyggml_try_build_forward_expand(&g, self.ptr, tensor.ptr, _stack_for(n_added))
+        if rc != 1:   # counted and checked above: ggml cannot abort here
+            raise RuntimeError(f"build_forward_expand: ggml failed after pyggml's checks (please report): "
+                               f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
+        if unchecked:
+            self._unchecked += unchecked
+            self._unproven = True
+        self._n_nodes += new_nodes
+        self._n_leafs += new_leafs
+        if unallocated != NULL and self._unallocated is None:
+            self._unallocated = <uintptr_t>unallocated
+        self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
+        self._add_contexts(tensor.ctx)
+
+    cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added):
+        cdef size_t i
+        for i in range(n_added):
+            self._seen.discard(<uintptr_t>buf[cap - 1 - i])
+
+    @property
+    def n_nodes(self):
+        self._check()
+        return ggml_graph_n_nodes(self.ptr)
+
+    @property
+    def nodes(self):
+        """The graph's nodes in execution order."""
+        self._check()
+        cdef int i, n = ggml_graph_n_nodes(self.ptr)
+        return [self._tensor(ggml_graph_node(self.ptr, i)) for i in range(n)]
+
+    @property
+    def unchecked_ops(self):
+        """Nodes whose op pyggml has no kernel rule for yet (the graph is proven in a
+        forked child before its first compute while there are any)."""
+        self._check()
+        return self._unchecked
+
+    cdef object _tensor(self, ggml_tensor * p):
+        cdef Context c
+        if self.ctx._holds(p):
+            return wrap(self.ctx, p)
+        if self._ctxs is not None:
+            for c in self._ctxs:
+                if c._holds(p):
+                    return wrap(c, p)
+        raise RuntimeError("graph node belongs to no context pyggml knows")
+
+    # --- the backward pass ---------------------------------------------------------------
+
+    def build_backward_expand(self, Context ctx=None):
+        """build_backward_expand(ctx=None)
+
+        ``ggml_build_backward_expand(ctx, graph, NULL)``: add the backward pass of every
+        loss (``set_loss``) with respect to every parameter (``set_param``) to this graph
+        (made with ``grads=True``), creating the gradient tensors in ``ctx`` (default: the
+        graph's context). Then initialise the gradients as ``ggml_graph_reset`` does (loss
+        gradient 1, accumulators 0), so a compute gives the gradients at once.
+
+        The call runs first on a copy of the graph in a scratch context, where an abort
+        of ggml (an op without a backward, ...) becomes GGMLAbort, a graph too small
+        GraphFullError and a context too small ContextFullError, and every node the
+        backward pass adds is checked against its CPU kernel; only then for real.
+        ``ctx`` keeps the contexts of the forward graph alive: its gradients point
+        into them.
+        """
+        self._check_idle()
+        if ctx is None:
+            ctx = self.ctx
+        need_open(ctx)
+        if not self.grads:
+            raise ArgumentError("build_backward_expand: the graph was made without gradients; "
+                                "use Graph(ctx, size, grads=True)")
+        cdef int i, n = ggml_graph_n_nodes(self.ptr)
+        cdef bint any_param = False, any_loss = False
+        cdef ggml_tensor * p
+        for i in range(n):
+            p = ggml_graph_node(self.ptr, i)
+            any_param = any_param or (p.flags & GGML_TENSOR_FLAG_PARAM) != 0
+            any_loss = any_loss or (p.flags & GGML_TENSOR_FLAG_LOSS) != 0
+        if not any_param:
+            raise ArgumentError("build_backward_expand: no parameter among the graph's nodes; "
+                                "call set_param on inputs before build_forward_expand")
+        if not any_loss:
+            raise ArgumentError("build_backward_expand: no loss among the graph's nodes; "
+                                "call set_loss on a scalar output")
+        if ctx.no_alloc:
+            raise ArgumentError("build_backward_expand: ctx is no_alloc; gradients need memory")
+        if self._unallocated is not None:
+            raise ArgumentError("build_backward_expand: the graph has tensors without data "
+                                "(from a no_alloc context, or empty: ggml gives those none)")
+        cdef uint64_t need = self._dry_backward(ctx)
+        ctx._reserve(need, "build_backward_expand")
+        cdef pyggml_guard g
+        cdef int rc = pyggml_try_build_backward_expand(&g, ctx.ptr, self.ptr, _stack_for(self.size))
+        if rc != 1:
+            raise RuntimeError(f"build_backward_expand: ggml failed after a clean scratch run (please report): "
+                               f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
+        # the gradients (in ctx) point into every context the forward graph reaches
+        ctx._depend_on(self.ctx)
+        if self._ctxs is not None:
+            for c in list(self._ctxs):
+                ctx._depend_on(c)
+        self._add_contexts(ctx)
+        self._track_new_nodes(n)
+        ggml_graph_reset(self.ptr)
+
+    cdef uint64_t _dry_backward(self, Context ctx) except? 0:
+        """Run the backward pass on a copy of the graph in a scratch context; raise what
+        the real call would hit; return the bytes the real call takes from ``ctx``."""
+        cdef size_t ssize = 4 * self.size + 64
+        cdef size_t n_tensors = 16 * <size_t>ggml_graph_n_nodes(self.ptr) + 256
+        cdef pyggml_guard g
+        cdef ggml_init_params params
+        cdef ggml_context * sctx
+        cdef ggml_cgraph * sgraph
+        cdef ggml_tensor * t
+        cdef int rc, i, n0 = ggml_graph_n_nodes(self.ptr)
+        cdef uint64_t need
+        for attempt in range(8):
+            mem = ggml_graph_overhead_custom(ssize, True) + n_tensors * ggml_tensor_overhead()
+            pool = Storage(mem)
+            params.mem_size = mem
+            params.mem_buffer = pool.ptr
+            params.no_alloc = True
+            sctx = ggml_init(params)
+            try:
+                sgraph = ggml_new_graph_custom(sctx, ssize, True)
+                ggml_graph_cpy(self.ptr, sgraph)
+                rc = pyggml_try_build_backward_expand(&g, sctx, sgraph, _stack_for(ssize))
+                if rc < 0:
+                    raise OSError(-rc, "build_backward_expand: cannot start a thread for a deep graph")
+                full = (ggml_used_mem(sctx) + 2 * ggml_tensor_overhead() > mem
+                        or ggml_graph_n_nodes(sgraph) >= <int>ssize)
+                if rc == 0 and full:          # the scratch was too small: more room, again
+                    ssize *= 4
+                    n_tensors *= 4
+                    continue
+                if rc == 0:
+                    msg = g.message.decode("utf-8", "replace")
+                    raise GGMLAbort(f"build_backward_expand: ggml would abort: {_c.short_message(msg)}", msg)
+                if ggml_graph_n_nodes(sgraph) > <int>self.size:
+                    raise GraphFullError(f"build_backward_expand: the graph would hold "
+                                         f"{ggml_graph_n_nodes(sgraph)} nodes; its size is {self.size}")
+                for i in range(n0, ggml_graph_n_nodes(sgraph)):
+                    check_node(ggml_graph_node(sgraph, i), "build_backward_expand")
+                need = 0
+                t = ggml_get_first_tensor(sctx)
+                while t != NULL:
+                    need += _c.tensor_bytes(t, False)
+                    t = ggml_get_next_tensor(sctx, t)
+                return need
+            finally:
+                ggml_free(sctx)
+        raise ContextFullError("build_backward_expand: the backward pass is too large to dry-run")
+
+    cdef int _track_new_nodes(self, int first) except -1:
+        """Account for nodes ggml added from index ``first`` on (and their leafs)."""
+        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        cdef list stack = []
+        for i in range(first, n):
+            stack.append(<uintptr_t>ggml_graph_node(self.ptr, i))
+        while stack:
+            p = <ggml_tensor *><uintptr_t>stack.pop()
+            if not self._seen.add(<uintptr_t>p):
+                continue
+            if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
+                self._n_leafs += 1
+            else:
+                self._n_nodes += 1
+                if check_node(p, "build_backward_expand"):
+                    self._unchecked += 1
+                    self._unproven = True
+            for j in range(GGML_MAX_SRC):
+                s = p.src[j]
+                if s != NULL:
+                    stack.append(<uintptr_t>s)
+        return 0
+
+    def reset(self):
+        """reset(): ``ggml_graph_reset``: loss gradients to 1, other gradients to 0."""
+        self._check_idle()
+        if not self.grads:
+            raise ArgumentError("reset: the graph was made without gradients")
+        if self._unallocated is not None:
+            raise ArgumentError("reset: the graph has tensors without data (from a no_alloc context, "
+                                "or empty: ggml gives those none)")
+        ggml_graph_reset(self.ptr)
+
+    def grad(self, t):
+        """grad(t) -> Tensor or None: the gradient of the losses with respect to ``t``
+        (``ggml_graph_get_grad``), None if the graph has none for it."""
+        self._check()
+        cdef Tensor tensor = arg_tensor(t, "t", "grad")
+        cdef ggml_tensor * gr = ggml_graph_get_grad(self.ptr, tensor.ptr)
+        if gr == NULL:
+            return None
+        return self._tensor(gr)
+
+    def compute(self, n_threads=None):
+        """compute(n_threads=None)
+
+        Compute the graph on the CPU with ``n_threads`` threads (default: the CPUs
+        this process may use), the GIL released. The work buffer is allocated by
+        pyggml, not taken from the context. Raises ComputeError when ggml reports a
+        non-success status.
+        """
+        return _executor.compute(self, n_threads)
+
+    def work_size(self, n_threads):
+        """work_size(n_threads) -> int: bytes of work buffer ``compute(n_threads)`` allocates."""
+        return _executor.work_size(self, n_threads)
+
+    def _plan_work_size(self, n_threads):
+        """Bytes ``ggml_graph_plan`` alone asks for (to show upstream's shortfall)."""
+        return _executor.plan_work_size(self, n_threads)

@@ -1,0 +1,36 @@
+# cython: language_level=3
+# Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
+from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_tensor
+
+cdef extern from "pyggml_rt.h" nogil:
+    enum:
+        PYGGML_MSG_CAP
+
+    ctypedef struct pyggml_guard:
+        char message[1]          # really PYGGML_MSG_CAP bytes, NUL-terminated
+
+    enum:
+        PYGGML_DRY_OK
+        PYGGML_DRY_SIGNAL
+        PYGGML_DRY_EXIT
+        PYGGML_DRY_TIMEOUT
+
+    void pyggml_guard_install()
+    int pyggml_run_on_stack(void (*fn)(void *) noexcept nogil, void * arg, size_t stack_bytes)
+    int pyggml_dry_run(void (*fn)(void *) noexcept nogil, void * arg, double timeout_s,
+                       char * msg, size_t cap, int * how)
+
+    enum:
+        PYGGML_OK
+        PYGGML_REFUSED
+        PYGGML_UNCHECKED
+        PYGGML_REFUSED_TYPE
+
+    void pyggml_checks_init()
+    int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
+    int pyggml_op_is_checked(int op, int sub_op)
+
+    int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,
+                                        size_t stack_bytes)
+    int pyggml_try_build_backward_expand(pyggml_guard * g, ggml_context * ctx, ggml_cgraph * graph,
+                                         size_t stack_bytes)

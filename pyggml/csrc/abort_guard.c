@@ -1,0 +1,127 @@
+/* The abort guard, calls on a big stack, and the guarded graph calls. See pyggml_rt.h. */
+#define _GNU_SOURCE
+#include "pyggml_rt.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- the abort guard ----------------------------------------------------------------------- */
+
+static _Thread_local pyggml_guard * current_guard;
+static ggml_abort_callback_t previous_callback;
+static pthread_once_t install_once = PTHREAD_ONCE_INIT;
+
+static void on_ggml_abort(const char * message) {
+    pyggml_guard * g = current_guard;
+    if (g != NULL) {
+        snprintf(g->message, sizeof g->message, "%s", message);
+        current_guard = g->prev;
+        longjmp(g->env, 1);
+    }
+    /* not in a guarded call (a kernel, another library): ggml aborts after this returns */
+    if (previous_callback != NULL) {
+        previous_callback(message);
+    } else {
+        fprintf(stderr, "%s\n(pyggml: ggml aborted outside a guarded call: please report this "
+                        "with the message above)\n", message);
+        fflush(stderr);
+    }
+}
+
+static void install(void) {
+    previous_callback = ggml_set_abort_callback(on_ggml_abort);
+}
+
+void pyggml_guard_install(void) {
+    pthread_once(&install_once, install);
+}
+
+void pyggml_guard_enter(pyggml_guard * g) {
+    g->prev = current_guard;
+    g->message[0] = '\0';
+    current_guard = g;
+}
+
+void pyggml_guard_leave(pyggml_guard * g) {
+    current_guard = g->prev;
+}
+
+/* --- big stacks ------------------------------------------------------------------------------ */
+
+struct stack_call {
+    void (*fn)(void *);
+    void * arg;
+};
+
+static void * stack_trampoline(void * p) {
+    struct stack_call * c = p;
+    c->fn(c->arg);
+    return NULL;
+}
+
+int pyggml_run_on_stack(void (*fn)(void *), void * arg, size_t stack_bytes) {
+    pthread_attr_t attr;
+    pthread_t thread;
+    struct stack_call call = {fn, arg};
+    int rc = pthread_attr_init(&attr);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = pthread_attr_setstacksize(&attr, stack_bytes);
+    if (rc == 0) {
+        rc = pthread_create(&thread, &attr, stack_trampoline, &call);
+    }
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        return rc;
+    }
+    return pthread_join(thread, NULL);
+}
+
+/* --- guarded graph calls ----------------------------------------------------------------- */
+
+struct graph_call {
+    pyggml_guard * g;
+    struct ggml_context * ctx;
+    struct ggml_cgraph * graph;
+    struct ggml_tensor * tensor;
+    int backward;
+    int ok;
+};
+
+static void graph_call_run(void * p) {
+    struct graph_call * c = p;
+    pyggml_guard_enter(c->g);
+    if (setjmp(c->g->env) == 0) {
+        if (c->backward) {
+            ggml_build_backward_expand(c->ctx, c->graph, NULL);
+        } else {
+            ggml_build_forward_expand(c->graph, c->tensor);
+        }
+        pyggml_guard_leave(c->g);
+        c->ok = 1;
+    }
+}
+
+static int graph_call(struct graph_call * c, size_t stack_bytes) {
+    if (stack_bytes == 0) {
+        graph_call_run(c);
+        return c->ok;
+    }
+    int rc = pyggml_run_on_stack(graph_call_run, c, stack_bytes);
+    return rc != 0 ? -rc : c->ok;
+}
+
+int pyggml_try_build_forward_expand(pyggml_guard * g, struct ggml_cgraph * graph, struct ggml_tensor * tensor,
+                                    size_t stack_bytes) {
+    struct graph_call c = {g, NULL, graph, tensor, 0, 0};
+    return graph_call(&c, stack_bytes);
+}
+
+int pyggml_try_build_backward_expand(pyggml_guard * g, struct ggml_context * ctx, struct ggml_cgraph * graph,
+                                     size_t stack_bytes) {
+    struct graph_call c = {g, ctx, graph, NULL, 1, 0};
+    return graph_call(&c, stack_bytes);
+}

@@ -1,0 +1,79 @@
+/* Helpers for writing kernel rules (preconditions*.c). Internal to libpyggml_rt.
+ *
+ * A rule looks at one node (its type, ne, nb, op_params and sources) and says whether
+ * the CPU kernel of its op runs on it: PYGGML_OK, or PYGGML_REFUSED with a message that
+ * names the source (src0, src1, ...) and the values. Rules are written from ggml-cpu's
+ * kernels (ggml-cpu/ops.cpp and friends) and each cites what it mirrors; tests check
+ * both sides of every rule against a forked run of the kernel. */
+#pragma once
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ggml-cpu.h"
+#include "pyggml_rt.h"
+
+typedef struct pg_why {
+    char * buf;
+    size_t cap;
+    const char * defect;   /* a pyggml.defects id when the refusal is a known upstream defect */
+} pg_why;
+
+typedef int (*pg_rule)(const struct ggml_tensor * t, pg_why * why);
+
+int pg_refuse(pg_why * why, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* the same, for a type the kernel does not take (a TypeError in Python) */
+int pg_refuse_type(pg_why * why, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* predicates over one tensor */
+int pg_rows_contiguous(const struct ggml_tensor * t);    /* nb[0] == type size */
+int pg_contiguous(const struct ggml_tensor * t);         /* ggml_is_contiguous and nb[0] == type size */
+int pg_is_float(enum ggml_type type);                    /* F32, F16 or BF16 */
+const char * pg_type(const struct ggml_tensor * t);      /* type name, "NULL" for no tensor */
+
+/* checks that return from the rule with a refusal; `i` is the source index (-1: the result) */
+#define PG_NEED_SRC(t, i, why)                                                                   \
+    do {                                                                                         \
+        if ((t)->src[i] == NULL)                                                                 \
+            return pg_refuse(why, "src%d is missing", i);                                        \
+    } while (0)
+
+#define PG_NEED_ROWS(x, name, why)                                                               \
+    do {                                                                                         \
+        if (!pg_rows_contiguous(x))                                                              \
+            return pg_refuse(why, "%s must have contiguous rows (nb[0] = %zu, the size of %s), " \
+                             "got nb[0] = %zu", name, ggml_type_size((x)->type), pg_type(x),    \
+                             (x)->nb[0]);                                                        \
+    } while (0)
+
+#define PG_NEED_CONTIGUOUS(x, name, why)                                                         \
+    do {                                                                                         \
+        if (!pg_contiguous(x))                                                                   \
+            return pg_refuse(why, "%s must be contiguous, got ne=(%lld, %lld, %lld, %lld) "      \
+                             "nb=(%zu, %zu, %zu, %zu)", name,                                    \
+                             (long long) (x)->ne[0], (long long) (x)->ne[1],                     \
+                             (long long) (x)->ne[2], (long long) (x)->ne[3],                     \
+                             (x)->nb[0], (x)->nb[1], (x)->nb[2], (x)->nb[3]);                    \
+    } while (0)
+
+#define PG_NEED_TYPE(x, name, cond, why)                                                         \
+    do {                                                                                         \
+        if (!(cond))                                                                             \
+            return pg_refuse_type(why, "the CPU kernel does not take %s of type %s", name, pg_type(x)); \
+    } while (0)
+
+/* A rule table: {"ADD", rule_add}, {"UNARY:RELU", rule_unary}, ..., {NULL, NULL}. Names
+ * are ggml_op_name / ggml_unary_op_name / ggml_glu_op_name of the linked ggml, so one
+ * source builds against any release; rules for ops a release lacks are ignored. */
+typedef struct pg_named_rule {
+    const char * name;
+    pg_rule rule;
+} pg_named_rule;

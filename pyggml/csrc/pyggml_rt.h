@@ -1,0 +1,97 @@
+/* pyggml's C runtime (libpyggml_rt): what must exist once per process and run without
+ * Python objects. Linked by every extension module of pyggml.
+ *
+ * - abort_guard.c:    the abort guard (a GGML_ASSERT inside a guarded call becomes an
+ *                     error return with ggml's message), big stacks, guarded graph calls.
+ * - dry_run.c:        the forked dry run (an opt-in safety net for compute).
+ * - preconditions.c:  what each CPU kernel needs of its node beyond what the builder
+ *                     asserts (types, layouts, parameters), one rule per op.
+ * - pyggml_ops.c:     generated from pyggml/ops.txt: one guarded call per graph builder.
+ */
+#pragma once
+
+#include <setjmp.h>
+#include <stddef.h>
+
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define PYGGML_RT_API __declspec(dllexport)
+#else
+#  define PYGGML_RT_API __attribute__((visibility("default")))
+#endif
+
+#define PYGGML_MSG_CAP 1024
+
+/* --- the abort guard ------------------------------------------------------------------
+ * ggml reports a failed GGML_ASSERT by calling its abort callback, then abort().
+ * pyggml's callback jumps back (longjmp) into the innermost guarded call of the calling
+ * thread, if there is one. Only graph builders and graph construction run guarded: plain
+ * C that allocates nothing outside its context (a jump out of them leaks at most a few
+ * objects in a scratch context pyggml resets). Kernels (C++, OpenMP threads) never run
+ * guarded; their preconditions are checked before they run (preconditions.c). */
+typedef struct pyggml_guard {
+    jmp_buf env;
+    struct pyggml_guard * prev;
+    char message[PYGGML_MSG_CAP];   /* ggml's abort message, when a guarded call aborted */
+} pyggml_guard;
+
+/* Install pyggml's abort callback (idempotent; chains to the previous callback when no
+ * guard is active). */
+PYGGML_RT_API void pyggml_guard_install(void);
+PYGGML_RT_API void pyggml_guard_enter(pyggml_guard * g);
+PYGGML_RT_API void pyggml_guard_leave(pyggml_guard * g);
+
+/* Use as: pyggml_guard_enter(&g); if (setjmp(g.env) == 0) { call; pyggml_guard_leave(&g); ok }
+ * else { aborted: g.message }. The setjmp must be in the frame that makes the call. */
+
+/* --- running a call on a thread with a large stack ---------------------------------------
+ * ggml walks graphs recursively (ggml_visit_parents_graph): a deep chain of nodes needs
+ * a deep C stack. Runs fn(arg) on a new thread with stack_bytes of stack and waits.
+ * Returns 0, or an errno value if the thread could not be made. */
+PYGGML_RT_API int pyggml_run_on_stack(void (*fn)(void *), void * arg, size_t stack_bytes);
+
+/* --- guarded graph calls ------------------------------------------------------------------
+ * ggml_build_forward_expand / ggml_build_backward_expand under the guard, on a thread with
+ * stack_bytes of stack when that is not 0 (deep graphs). Return 1 on success, 0 when ggml
+ * aborted (g->message), or -errno when the thread could not be made. */
+PYGGML_RT_API int pyggml_try_build_forward_expand(pyggml_guard * g, struct ggml_cgraph * graph,
+                                                  struct ggml_tensor * tensor, size_t stack_bytes);
+PYGGML_RT_API int pyggml_try_build_backward_expand(pyggml_guard * g, struct ggml_context * ctx,
+                                                   struct ggml_cgraph * graph, size_t stack_bytes);
+
+/* --- the forked dry run (a safety net) ---------------------------------------------------
+ * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
+ * a pipe into msg. Returns PYGGML_DRY_OK when the child exited 0; _SIGNAL when it died
+ * of signal *how (an abort is SIGABRT); _EXIT when it exited with code *how; _TIMEOUT
+ * when it ran longer than timeout_s (it is killed); -1 on a system error (errno set).
+ * Safe against EINTR; the child is always reaped. Call with the GIL released. */
+enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY_TIMEOUT = 3 };
+PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s,
+                                 char * msg, size_t cap, int * how);
+
+/* --- kernel preconditions ----------------------------------------------------------------- */
+enum pyggml_check {
+    PYGGML_OK = 0,          /* the CPU kernel of node->op runs on this node */
+    PYGGML_REFUSED = 1,     /* it would abort or misbehave: why in msg */
+    PYGGML_UNCHECKED = 2,   /* pyggml has no rule for this op of the linked ggml */
+    PYGGML_REFUSED_TYPE = 3,/* refused for a type the kernel does not take: why in msg */
+};
+
+/* Initialise the op -> rule table from the linked ggml's op names (idempotent). */
+PYGGML_RT_API void pyggml_checks_init(void);
+/* The rule for node->op (and its unary/glu sub-op): PYGGML_OK, _REFUSED (why in msg;
+ * *defect names a pyggml.defects id when the refusal is a known upstream defect, else
+ * NULL) or _UNCHECKED. */
+PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg, size_t cap,
+                                    const char ** defect);
+/* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
+PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
+
+#ifdef __cplusplus
+}
+#endif

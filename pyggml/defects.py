@@ -1,0 +1,119 @@
+"""Known upstream ggml defects: one record each, and a probe that measures it on the
+linked ggml.
+
+pyggml refuses an input that would hit a defect with :class:`pyggml.UpstreamDefect`
+(whose ``.defect`` is the record's id), or works around it, and says which in
+``action``. ``pyggml parity``, ``pyggml info`` and ``scripts/ci_upstream.py`` read this
+registry; nothing else describes a defect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+__all__ = ["Defect", "DEFECTS", "get", "known_defects", "probe_all"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Defect:
+    id: str
+    title: str
+    ops: tuple[str, ...]            # GGML_OP names (as ggml_op_name gives them)
+    where: str                      # upstream code involved
+    action: str                     # what pyggml does about it
+    seen_in: tuple[str, ...]        # ggml releases where a probe or a test saw it
+    probe: Callable[[], object] | None = None   # measures it on the linked ggml
+    probe_unit: str = ""            # what the probe's number means
+
+    def run_probe(self):
+        """The probe's measurement on the linked ggml (None: not applicable here)."""
+        return None if self.probe is None else self.probe()
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("probe")
+        return d
+
+
+def _probe_fab_batch_gqa_oob():
+    from pyggml._fab import _probe_fab_batch_gqa_oob
+
+    return _probe_fab_batch_gqa_oob()
+
+
+def fab_kernel_work_floats(D: int, M: int, n_threads: int, cache_line_floats: int = 16, unroll: int = 4) -> int:
+    """Floats of work buffer the FLASH_ATTN_BACK f32 CPU kernel touches: thread ith uses S
+    and SM at ith*2*(mxDM + CL) floats, SM running to Mup (M rounded up to the unroll)."""
+    mup = -(-M // unroll) * unroll
+    mxdm = max(D, mup)
+    return (2 * n_threads - 1) * (mxdm + cache_line_floats) + mup
+
+
+def _probe_fab_work_size():
+    """Bytes the FLASH_ATTN_BACK kernel touches beyond what ggml_graph_plan reserves, for
+    D = M = 1 on 4 threads (0: the plan is large enough)."""
+    import pyggml
+
+    with pyggml.Context(1 << 20) as ctx:
+        t = ctx.new_tensor(pyggml.Type.F32, (1, 1, 1, 1))
+        r = pyggml.flash_attn_back(ctx, t, t, t, t, False)
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(r)
+        return max(0, 4 * fab_kernel_work_floats(1, 1, 4) - g._plan_work_size(4))
+
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        id="fab-builder-aborts",
+        title="ggml_flash_attn_back() aborts unconditionally",
+        ops=("FLASH_ATTN_BACK",),
+        where="ggml.c ggml_flash_attn_back: GGML_ABORT(\"TODO: adapt to ggml_flash_attn_ext() changes\") "
+              "since commit 1a815669 (2024-05-23)",
+        action="pyggml builds the node itself, as the builder did just before that commit "
+               "(pyggml.flash_attn_back); the CPU kernel still runs",
+        seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2"),
+    ),
+    Defect(
+        id="fab-batch-gqa-oob",
+        title="FLASH_ATTN_BACK writes past its result with batch + GQA",
+        ops=("FLASH_ATTN_BACK",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_back_f32: grad_k/grad_v are strided over "
+              "ne3 with q's head count (nbgk3 = nb0*nek0*nek1*neq2, nbgv3 likewise), not k's and v's",
+        action="refused with UpstreamDefect (ne3 > 1 and kvne2 < ne2); attention_backward computes "
+               "each batch as its own node",
+        seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2"),
+        probe=_probe_fab_batch_gqa_oob,
+        probe_unit="bytes written past the result (D=16, N=M=6, ne2=4, kvne2=2, ne3=2; 0: fixed)",
+    ),
+    Defect(
+        id="fab-work-size",
+        title="ggml_graph_plan under-sizes FLASH_ATTN_BACK's work buffer for tiny heads",
+        ops=("FLASH_ATTN_BACK",),
+        where="ggml-cpu.c ggml_graph_plan reserves 4*max(D, Mup)*n_tasks floats; the kernel gives thread "
+              "ith the floats from ith*2*(max(D, Mup) + CACHE_LINE_SIZE_F32)",
+        action="pyggml allocates the work buffer itself, sized for the kernel (Graph.work_size)",
+        seen_in=("0.20.2",),
+        probe=_probe_fab_work_size,
+        probe_unit="bytes the kernel uses past the plan's buffer (D=M=1, 4 threads; 0: fixed)",
+    ),
+)
+
+_BY_ID = {d.id: d for d in DEFECTS}
+
+
+def get(defect_id: str) -> Defect:
+    """The record of ``defect_id`` (KeyError if there is none)."""
+    return _BY_ID[defect_id]
+
+
+def known_defects() -> list[dict]:
+    """known_defects() -> list of dict: every known upstream defect (id, title, ops, where,
+    action, seen_in, probe_unit), as recorded in :mod:`pyggml.defects`."""
+    return [d.as_dict() for d in DEFECTS]
+
+
+def probe_all() -> dict[str, object]:
+    """Run every defect's probe on the linked ggml: ``{id: measurement}`` (None where a
+    defect has no probe or does not apply)."""
+    return {d.id: d.run_probe() for d in DEFECTS}

@@ -1,0 +1,100 @@
+"""pyggml's exceptions.
+
+Every class derives from :class:`GGMLError` and from the builtin exception that a
+caller of a Python library would expect, so ``except ValueError`` keeps working and
+``except pyggml.GGMLError`` catches everything pyggml raises on purpose::
+
+    GGMLError
+    ├── ArgumentError (ValueError)          a bad value: shape, stride, range, state
+    │   ├── ContextClosedError              a tensor or graph used after its context closed
+    │   ├── GraphFullError                  more nodes or leafs than the graph's size
+    │   └── KernelPreconditionError         the CPU kernel would abort or misread this node
+    ├── GGMLTypeError (TypeError)           a wrong Python type, or a ggml type the op does not take
+    ├── ContextFullError (MemoryError)      the result would not fit its context
+    ├── GGMLAbort (ValueError)              ggml itself would abort: .ggml_message is its message
+    ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
+    ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
+    ├── GraphBusyError (RuntimeError)       another thread computes (or builds) this graph
+    └── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
+
+No code in pyggml tells errors apart by their text: it catches these classes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
+    "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError",
+    "KernelPreconditionError", "UpstreamDefect",
+]
+
+
+class GGMLError(Exception):
+    """Root of the exceptions pyggml raises."""
+
+
+class ArgumentError(GGMLError, ValueError):
+    """An argument has a bad value (shape, stride, range) or is in a bad state."""
+
+
+class ContextClosedError(ArgumentError):
+    """A tensor, graph or context was used after its context was closed."""
+
+
+class GraphFullError(ArgumentError):
+    """A graph would hold more nodes or leafs than its ``size``."""
+
+
+class KernelPreconditionError(ArgumentError):
+    """The CPU kernel of a node would abort (or read the wrong memory) on its layout or
+    parameters, although ggml's builder accepts it. ``.op`` is the node's op name."""
+
+    def __init__(self, message: str, op: str = ""):
+        super().__init__(message)
+        self.op = op
+
+
+class GGMLTypeError(GGMLError, TypeError):
+    """An argument has the wrong Python type, or a ggml type the op's kernel does not take."""
+
+
+class ContextFullError(GGMLError, MemoryError):
+    """The tensors (or graph) an operation creates would not fit in their context."""
+
+
+class GGMLAbort(GGMLError, ValueError):
+    """ggml would abort (a failed ``GGML_ASSERT``) on these arguments.
+
+    pyggml runs the call where an abort cannot end the process (a scratch context under
+    an abort guard, or a forked child) and raises this instead; ``.ggml_message`` is
+    ggml's own message, e.g. ``"ggml.c:2130: GGML_ASSERT(ggml_can_repeat(b, a)) failed"``.
+    """
+
+    def __init__(self, message: str, ggml_message: str = ""):
+        super().__init__(message)
+        self.ggml_message = ggml_message
+
+
+class UpstreamDefect(GGMLError, ValueError):
+    """Refused because ggml has a known defect on this input. ``.defect`` is the id of its
+    record in :mod:`pyggml.defects` (``pyggml.known_defects()``)."""
+
+    def __init__(self, message: str, defect: str = ""):
+        super().__init__(message)
+        self.defect = defect
+
+
+class GGMLVersionError(GGMLError, NotImplementedError):
+    """The linked ggml lacks this op or feature (too old, or changed its signature)."""
+
+
+class GraphBusyError(GGMLError, RuntimeError):
+    """The graph is being computed (or changed) by another thread."""
+
+
+class ComputeError(GGMLError, RuntimeError):
+    """``ggml_graph_compute`` returned a failure status (``.status``: ggml's name for it)."""
+
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status
