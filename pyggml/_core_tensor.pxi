@@ -27,7 +27,7 @@ cdef class Tensor:
     ``shape`` is numpy order.
     """
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise GGMLTypeError("Tensors are made by Context.new_tensor, Context.from_numpy or an op")
 
     cdef int _check(self) except -1:

@@ -15,7 +15,8 @@ edit touched. Writes into DIR:
 * ``_ops.py``: imports every wrapper; ``pyggml/__init__.py`` re-exports it.
 * ``_optable.py``: the table as data, with what the linked ggml has (for
   ``op_coverage()``, the tests and the fuzzer).
-* ``enum_members.pxi``: the members of ggml's enums in the header, for ``pyggml._core``.
+* ``enum_members.pxi``: the members of ggml's enums in the header, for ``pyggml._core``,
+  and ``_core.pyi``: pyggml/_core.pyi.in with those members filled in.
 * ``ops_manifest.cmake``: the family modules, for CMake.
 
 Why at build time and not committed: which builders exist, and with which signature,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import keyword
 import os
 import pprint
 import re
@@ -79,7 +81,8 @@ class Param:
 
     @property
     def pyname(self) -> str:
-        return self.name
+        """The Python name: the C name, with ``_`` appended to a Python keyword (``as_``)."""
+        return self.name + "_" if keyword.iskeyword(self.name) else self.name
 
 
 @dataclasses.dataclass
@@ -231,7 +234,12 @@ def header_version(path: str) -> str:
     return "unknown"
 
 
-def resolve(ops: list[Op], builders: dict[str, list[str]]) -> None:
+def resolve(ops: list[Op], builders: dict[str, list[str]], strict: bool = False) -> None:
+    """Mark the rows this ggml.h cannot bind (absent, or another signature).
+
+    ``strict`` (the pinned release): every row is bound as the table declares it, and a
+    row that drifted from the header fails the build at its typed function pointer.
+    """
     for op in ops:
         if not op.bound:
             op.available = False
@@ -239,7 +247,9 @@ def resolve(ops: list[Op], builders: dict[str, list[str]]) -> None:
                          else "custom C callbacks are not bound yet")
             continue
         have = builders.get(op.cname)
-        want = [p.ctype if p.kind != "array" else p.ctype for p in op.params]
+        want = [p.ctype for p in op.params]
+        if strict:
+            continue
         if have is None:
             op.available = False
             op.reason = f"this ggml has no {op.cname} (pyggml's table: since {op.since})"
@@ -323,7 +333,7 @@ def cy_decl(op: Op) -> str:
 
 
 def signature(op: Op) -> str:
-    return f"{op.name}({', '.join(['ctx'] + [p.name for p in op.params])})"
+    return f"{op.name}({', '.join(['ctx'] + [p.pyname for p in op.params])})"
 
 
 def docstring(op: Op, version: str) -> str:
@@ -331,15 +341,15 @@ def docstring(op: Op, version: str) -> str:
     params = []
     for p in op.params:
         if p.kind == "tensor":
-            params.append(f"{p.name}: Tensor")
+            params.append(f"{p.pyname}: Tensor")
         elif p.kind == "tensor?":
-            params.append(f"{p.name}: Tensor or None")
+            params.append(f"{p.pyname}: Tensor or None")
         elif p.kind == "array":
-            params.append(f"{p.name}: {p.length} ints ({p.ctype})")
+            params.append(f"{p.pyname}: {p.length} ints ({p.ctype})")
         elif p.kind == "enum":
-            params.append(f"{p.name}: {ENUMS[p.ctype]}")
+            params.append(f"{p.pyname}: {ENUMS[p.ctype]}")
         else:
-            params.append(f"{p.name}: {SCALARS[p.ctype][2]} ({p.ctype})")
+            params.append(f"{p.pyname}: {SCALARS[p.ctype][2]} ({p.ctype})")
     lines.append(f"``{op.cname}({', '.join(['ctx'] + [p.name for p in op.params])})``; the result's "
                  f"op is {op.makes}{' (a view of its first tensor)' if 'inplace' in op.flags else ''}.")
     lines.append(f"ggml >= {op.since}.{' Deprecated in ggml.' if 'deprecated' in op.flags else ''}")
@@ -354,27 +364,28 @@ def docstring(op: Op, version: str) -> str:
 
 
 def gen_wrapper(op: Op, version: str) -> str:
-    out = [f"def {op.name}({', '.join(['Context ctx'] + [p.name for p in op.params])}):",
+    out = [f"def {op.name}({', '.join(['Context ctx'] + [p.pyname for p in op.params])}):",
            f'    """{docstring(op, version).lstrip()}\n    """']
     if not op.available:
         out.append(f"    raise _c.version_error({op.name!r}, {op.reason!r})")
         return "\n".join(out) + "\n"
     tensors = [p for p in op.params if p.kind in ("tensor", "tensor?")]
     for p in op.params:
+        n, q = p.pyname, repr(p.pyname)
         if p.kind == "tensor":
-            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor({p.name}, {p.name!r}, {op.name!r})")
+            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor({n}, {q}, {op.name!r})")
         elif p.kind == "tensor?":
-            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor_or_none({p.name}, {p.name!r}, {op.name!r})")
+            out.append(f"    cdef Tensor t_{p.name} = _c.arg_tensor_or_none({n}, {q}, {op.name!r})")
         elif p.kind == "array":
             ct = "int64_t" if "int64" in p.ctype else "int"
             out.append(f"    cdef {ct} c_{p.name}[{p.length}]")
             fn = "arg_int64_array" if ct == "int64_t" else "arg_int32_array"
-            out.append(f"    _c.{fn}({p.name}, c_{p.name}, {p.length}, {p.name!r}, {op.name!r})")
+            out.append(f"    _c.{fn}({n}, c_{p.name}, {p.length}, {q}, {op.name!r})")
         elif p.kind == "enum":
-            out.append(f"    cdef int c_{p.name} = _c.arg_enum({p.name}, {ENUMS[p.ctype]}, {p.name!r}, {op.name!r})")
+            out.append(f"    cdef int c_{p.name} = _c.arg_enum({n}, {ENUMS[p.ctype]}, {q}, {op.name!r})")
         else:
             ct, cyt, _, conv = SCALARS[p.ctype]
-            out.append(f"    cdef {cyt} c_{p.name} = {conv}({p.name}, {p.name!r}, {op.name!r})")
+            out.append(f"    cdef {cyt} c_{p.name} = {conv}({n}, {q}, {op.name!r})")
     if "deprecated" in op.flags:
         out.append(f"    _c.deprecated({op.name!r})")
     args = []
@@ -386,7 +397,7 @@ def gen_wrapper(op: Op, version: str) -> str:
         else:
             args.append(f"c_{p.name}")
     call_args = ", ".join(args)
-    names = "(" + "".join(f"{p.name!r}, " for p in tensors) + ")"
+    names = "(" + "".join(f"{p.pyname!r}, " for p in tensors) + ")"
     tvals = "(" + "".join(f"t_{p.name}, " for p in tensors) + ")"
     sep = ", " if call_args else ""
     out.append("    cdef pyggml_guard _guard")
@@ -439,7 +450,7 @@ def gen_stub(family: str, ops: list[Op]) -> str:
            "from pyggml._core import Context, Tensor, " + ", ".join(sorted(set(ENUMS.values()))), "",
            f"__all__ = {[op.name for op in ops]!r}", ""]
     for op in ops:
-        params = ", ".join(["ctx: Context"] + [f"{p.name}: {stub_type(p)}" for p in op.params])
+        params = ", ".join(["ctx: Context"] + [f"{p.pyname}: {stub_type(p)}" for p in op.params])
         out.append(f"def {op.name}({params}) -> Tensor: ...")
     return "\n".join(out) + "\n"
 
@@ -476,11 +487,12 @@ def gen_optable(ops: list[Op], builders: dict[str, list[str]], version: str) -> 
                    and n not in ("ggml_dup_tensor", "ggml_view_tensor", "ggml_get_tensor"))
     return ('"""The op table as data (generated by pyggml/_gen_ops.py from pyggml/ops.txt and the\n'
             'ggml.h of this build): for op_coverage(), the tests and the fuzzer."""\n\n'
+            "from typing import Any\n\n"
             f"HEADER_VERSION = {version!r}\n\n"
             "# one dict per row of pyggml/ops.txt; `available`: this build binds it (else `reason`)\n"
-            f"OPS = {pprint.pformat(rows, width=110, sort_dicts=False)}\n\n"
+            f"OPS: list[dict[str, Any]] = {pprint.pformat(rows, width=110, sort_dicts=False)}\n\n"
             "# builders of this ggml.h that the table does not know (new upstream)\n"
-            f"HEADER_ONLY = {extra!r}\n")
+            f"HEADER_ONLY: list[str] = {extra!r}\n")
 
 
 def gen_enum_pxi(enums: dict[str, list[str]]) -> str:
@@ -500,6 +512,21 @@ def gen_enum_pxi(enums: dict[str, list[str]]) -> str:
     return "\n".join(out + decl + [""] + lists) + "\n"
 
 
+def gen_core_stub(template: str, enums: dict[str, list[str]]) -> str:
+    """pyggml/_core.pyi.in with ggml's enum members of this header filled in."""
+    out = []
+    for cenum, (cls, prefix) in ENUM_CLASSES.items():
+        members = [m for m in enums.get(cenum, []) if m.startswith(prefix) and not m.endswith("_COUNT")]
+        out.append(f"class {cls}(IntEnum):")
+        out.extend(f"    {m[len(prefix):]} = ..." for m in members)
+        if cls == "Type":   # the properties of _core._TypeBase
+            out.append(template[template.index("    @property"):template.index("# @TYPEPROPS_END@")].rstrip())
+        out.append("")
+    base = template[template.index("class _TypeBase"):template.index("# @TYPEPROPS_END@")]
+    base += "# @TYPEPROPS_END@\n"
+    return template.replace(base, "").replace("# @ENUMS@\n", "\n".join(out))
+
+
 def write_if_changed(path: str, text: str) -> None:
     try:
         with open(path) as f:
@@ -516,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.txt"))
     ap.add_argument("--header", required=True, help="the ggml.h pyggml is built against")
     ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--strict", action="store_true",
+                    help="the pinned ggml: bind every row as declared (drift fails the build)")
     args = ap.parse_args(argv)
     try:
         ops = read_table(args.table)
@@ -525,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     src = strip_c_comments(open(args.header).read())
     builders = header_builders(src)
     version = header_version(args.header)
-    resolve(ops, builders)
+    resolve(ops, builders, args.strict)
     os.makedirs(args.out, exist_ok=True)
     h, c = gen_c(ops)
     write_if_changed(os.path.join(args.out, "pyggml_ops.h"), h)
@@ -540,11 +569,15 @@ def main(argv: list[str] | None = None) -> int:
         write_if_changed(os.path.join(args.out, f"_ops_{fam}.pyi"), gen_stub(fam, fops))
     write_if_changed(os.path.join(args.out, "_ops.py"), gen_ops_py(bound_families))
     write_if_changed(os.path.join(args.out, "_optable.py"), gen_optable(ops, builders, version))
-    write_if_changed(os.path.join(args.out, "enum_members.pxi"), gen_enum_pxi(header_enums(src)))
+    enums = header_enums(src)
+    write_if_changed(os.path.join(args.out, "enum_members.pxi"), gen_enum_pxi(enums))
+    template = os.path.join(os.path.dirname(os.path.abspath(args.table)), "_core.pyi.in")
+    with open(template) as f:
+        write_if_changed(os.path.join(args.out, "_core.pyi"), gen_core_stub(f.read(), enums))
     write_if_changed(os.path.join(args.out, "ops_manifest.cmake"),
                      "set(PYGGML_OP_FAMILIES " + " ".join(bound_families) + ")\n")
     n_av = sum(op.available for op in ops)
-    print(f"_gen_ops: {len(ops)} rows, {n_av} available in this ggml.h ({version}), "
+    print(f"_gen_ops: {len(ops)} rows, {n_av} available in this ggml.h ({version}{', strict' if args.strict else ''}), "
           f"{len(bound_families)} modules -> {args.out}")
     return 0
 

@@ -23,6 +23,7 @@ def _fab_parts(result: Tensor):
     if result.op != "FLASH_ATTN_BACK":
         raise ValueError(f"result must be a FLASH_ATTN_BACK tensor (from flash_attn_back), not op {result.op}")
     q, k, v = result.src[:3]
+    assert q is not None and k is not None and v is not None     # FLASH_ATTN_BACK has all four
     return (q, k, v), flash_attn_back_offsets(q, k, v)
 
 

@@ -1,0 +1,16 @@
+"""Type stubs for pyggml._cpu."""
+
+from typing import final
+
+from pyggml._graph import Graph
+
+DEFAULT_N_THREADS: int
+
+def _threadpool_busy() -> bool: ...
+def _free_threadpool() -> None: ...
+
+@final
+class CpuExecutor:
+    def compute(self, graph: Graph, n_threads: int | None = None) -> None: ...
+    def work_size(self, graph: Graph, n_threads: int) -> int: ...
+    def plan_work_size(self, graph: Graph, n_threads: int) -> int: ...
