@@ -70,6 +70,7 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple 
                   tuple tensors) except -1
 cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors)
 cdef object version_error(str op, str reason)
+cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1
 cdef int deprecated(str op) except -1
 cdef int check_node(const ggml_tensor * node, str where) except -1
 cdef int check_node_named(const ggml_tensor * node, str where, tuple names, tuple tensors) except -1

@@ -50,8 +50,7 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple 
                   tuple tensors) except -1:
     """After the scratch run: raise for an abort, a node its kernel refuses, or too little room."""
     if r == NULL:
-        msg = g.message.decode("utf-8", "replace")
-        raise GGMLAbort(f"{op}: ggml would abort: {short_message(msg)}{_describe_args(names, tensors)}", msg)
+        raise_aborted(g, op, _describe_args(names, tensors))
     cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
     cdef uint64_t need = 0
     cdef uint64_t headers = 0
@@ -74,6 +73,14 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple 
         _raise_refusal(rc, buf, defect, bad, op, names, tensors)
     ctx._reserve(need, op)
     return 0
+
+
+cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1:
+    """Raise GGMLAbort for a guarded call that aborted (or faulted: g.signal)."""
+    msg = g.message.decode("utf-8", "replace")
+    if g.signal:
+        raise GGMLAbort(f"{where}: ggml would crash: {msg}{detail}", msg)
+    raise GGMLAbort(f"{where}: ggml would abort: {short_message(msg)}{detail}", msg)
 
 
 cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors):

@@ -317,8 +317,7 @@ cdef class Graph:
                     n_tensors *= 4
                     continue
                 if rc == 0:
-                    msg = g.message.decode("utf-8", "replace")
-                    raise GGMLAbort(f"build_backward_expand: ggml would abort: {_c.short_message(msg)}", msg)
+                    _c.raise_aborted(&g, "build_backward_expand", "")
                 if ggml_graph_n_nodes(sgraph) > <int>self.size:
                     raise GraphFullError(f"build_backward_expand: the graph would hold "
                                          f"{ggml_graph_n_nodes(sgraph)} nodes; its size is {self.size}")

@@ -7,6 +7,7 @@ cdef extern from "pyggml_rt.h" nogil:
         PYGGML_MSG_CAP
 
     ctypedef struct pyggml_guard:
+        int signal               # 0, or the signal the guarded call died of
         char message[1]          # really PYGGML_MSG_CAP bytes, NUL-terminated
 
     enum:

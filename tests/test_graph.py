@@ -120,7 +120,34 @@ def test_no_alloc_graph_cannot_compute():
 
 
 def test_empty_graph_computes(ctx):
-    pyggml.Graph(ctx).compute(2)
+    g = pyggml.Graph(ctx)
+    g.compute(2)                          # nothing to do: no error, nothing added
+    assert g.n_nodes == 0 and g.nodes == [] and g.work_size(2) == 0
+    t = ctx.from_numpy(np.array([3.0], np.float32))
+    g.build_forward_expand(t)             # a leaf only: still no node to compute
+    g.compute(2)
+    assert g.n_nodes == 0 and t.numpy()[0] == 3.0
+
+
+def test_a_refused_compute_leaves_the_threadpool_free(ctx):
+    # a graph whose proof fails (REPEAT_BACK of a permuted gradient) must not keep
+    # pyggml's cached threadpool lent: the next compute would lose it for good
+    x = ctx.from_numpy(np.ones((3, 4), np.float32))
+    pyggml.set_param(x)
+    r = pyggml.repeat(ctx, x, ctx.new_tensor(Type.F32, (4, 3, 2)))
+    loss = pyggml.sum(ctx, pyggml.cont(ctx, pyggml.permute(ctx, r, 1, 0, 2, 3)))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    assert not pyggml._cpu._threadpool_busy()
+    with pytest.raises(pyggml.GGMLAbort):
+        g.compute(2)
+    assert not pyggml._cpu._threadpool_busy()
+    ok = pyggml.Graph(ctx)
+    ok.build_forward_expand(pyggml.sqr(ctx, x))
+    ok.compute(2)
+    assert not pyggml._cpu._threadpool_busy()
 
 
 def long_graph(ctx, n=1024, depth=8):

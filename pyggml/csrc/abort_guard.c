@@ -3,6 +3,7 @@
 #include "pyggml_rt.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,42 @@
 static _Thread_local pyggml_guard * current_guard;
 static ggml_abort_callback_t previous_callback;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
+
+static const int fault_signals[] = {SIGFPE, SIGSEGV, SIGBUS, SIGILL};
+#define N_FAULTS ((int) (sizeof fault_signals / sizeof fault_signals[0]))
+static struct sigaction previous_actions[N_FAULTS];
+
+static void on_fault(int sig, siginfo_t * info, void * context) {
+    pyggml_guard * g = current_guard;
+    if (g != NULL) {
+        /* a synchronous fault in a guarded builder: abandon the call (its scratch
+         * context is reset before the next one); SA_NODEFER left the signal unblocked */
+        g->signal = sig;
+        snprintf(g->message, sizeof g->message, "signal %d (%s) in the guarded ggml call", sig,
+                 sig == SIGFPE ? "SIGFPE: an arithmetic error, such as an integer division by zero"
+                 : sig == SIGSEGV ? "SIGSEGV: an invalid memory access"
+                 : sig == SIGBUS ? "SIGBUS" : "SIGILL");
+        current_guard = g->prev;
+        longjmp(g->env, 1);
+    }
+    for (int i = 0; i < N_FAULTS; i++) {
+        if (fault_signals[i] != sig) {
+            continue;
+        }
+        const struct sigaction * prev = &previous_actions[i];
+        if ((prev->sa_flags & SA_SIGINFO) && prev->sa_sigaction != NULL) {
+            prev->sa_sigaction(sig, info, context);
+            return;
+        }
+        if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN) {
+            prev->sa_handler(sig);
+            return;
+        }
+    }
+    /* nobody else handles it: die of it, as without pyggml */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 static void on_ggml_abort(const char * message) {
     pyggml_guard * g = current_guard;
@@ -32,6 +69,14 @@ static void on_ggml_abort(const char * message) {
 
 static void install(void) {
     previous_callback = ggml_set_abort_callback(on_ggml_abort);
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_fault;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < N_FAULTS; i++) {
+        sigaction(fault_signals[i], &action, &previous_actions[i]);
+    }
 }
 
 void pyggml_guard_install(void) {
@@ -40,6 +85,7 @@ void pyggml_guard_install(void) {
 
 void pyggml_guard_enter(pyggml_guard * g) {
     g->prev = current_guard;
+    g->signal = 0;
     g->message[0] = '\0';
     current_guard = g;
 }

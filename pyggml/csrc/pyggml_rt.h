@@ -37,11 +37,15 @@ extern "C" {
 typedef struct pyggml_guard {
     jmp_buf env;
     struct pyggml_guard * prev;
+    int signal;                     /* 0, or the signal a guarded call died of (SIGFPE, ...) */
     char message[PYGGML_MSG_CAP];   /* ggml's abort message, when a guarded call aborted */
 } pyggml_guard;
 
-/* Install pyggml's abort callback (idempotent; chains to the previous callback when no
- * guard is active). */
+/* Install pyggml's abort callback and its handlers for SIGFPE, SIGSEGV, SIGBUS and
+ * SIGILL (idempotent). Both act only inside a guarded call of the calling thread (a
+ * builder's assertion; a division by zero or a bad pointer in a builder given absurd
+ * arguments) and otherwise hand over to what was installed before (the default: the
+ * process dies as it would without pyggml). */
 PYGGML_RT_API void pyggml_guard_install(void);
 PYGGML_RT_API void pyggml_guard_enter(pyggml_guard * g);
 PYGGML_RT_API void pyggml_guard_leave(pyggml_guard * g);
