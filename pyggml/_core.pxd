@@ -15,6 +15,7 @@ cdef class Storage:
     cdef readonly size_t size
     cdef object __weakref__
     cdef bint contains(self, const void * p, size_t nbytes)
+    cdef int _alloc(self, size_t size) except -1
 
 
 cdef class Context:
@@ -66,9 +67,9 @@ cdef ggml_type arg_type(object typ, str arg=*) except? <ggml_type>-1
 # the two-step op call: the builder runs first in a scratch context (where an abort, a
 # kernel refusal or a too-small context are found), then for real in ctx
 cdef ggml_context * op_scratch(Context ctx) except NULL
-cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names,
-                  tuple tensors) except -1
-cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors)
+cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op) except -1
+cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names, tuple tensors) except -1
+cdef int op_lost(pyggml_guard * g, str op) except -1
 cdef object version_error(str op, str reason)
 cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1
 cdef int deprecated(str op) except -1

@@ -164,17 +164,24 @@ cdef object _flag(const char * value):
 
 @cython.final
 cdef class Storage:
-    """Memory owned by pyggml and lent to ggml: a context's pool. Numpy views of
-    tensors use the Storage holding their data as ``base``, so the memory outlives
-    the context as long as a view does."""
+    """Storage(size)
 
-    def __cinit__(self, size_t size):
+    Memory owned by pyggml and lent to ggml: a context's pool of ``size`` bytes,
+    cache-line aligned. Numpy views of tensors use the Storage holding their data as
+    ``base``, so the memory outlives the context as long as a view does."""
+
+    def __cinit__(self, size=None):
         self.ptr = NULL
+        if size is not None:
+            self._alloc(size)
+
+    cdef int _alloc(self, size_t size) except -1:
         if posix_memalign(&self.ptr, _POOL_ALIGN, size if size else 1) != 0:
             self.ptr = NULL
         if self.ptr == NULL:
             raise MemoryError(f"cannot allocate a {size}-byte memory pool")
         self.size = size
+        return 0
 
     def __dealloc__(self):
         free(self.ptr)

@@ -52,7 +52,7 @@ cdef int32_t arg_int32(object v, str arg, str op) except? -1:
 
 cdef int64_t arg_int64(object v, str arg, str op) except? -1:
     v = index_arg(v, arg, op)
-    if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+    if not -0x8000000000000000 <= v <= 0x7FFFFFFFFFFFFFFF:
         raise ArgumentError(f"{_where(op)}{arg} must fit int64, got {v}")
     return v
 
@@ -67,7 +67,7 @@ cdef uint32_t arg_uint32(object v, str arg, str op) except? 0xFFFFFFFF:
 cdef size_t arg_size(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF:
     """A byte count or stride: >= 0 and within int64 (no tensor is larger)."""
     v = index_arg(v, arg, op)
-    if not 0 <= v <= _INT64_MAX:
+    if not 0 <= v <= 0x7FFFFFFFFFFFFFFF:
         raise ArgumentError(f"{_where(op)}{arg} must be in [0, 2**63 - 1] (bytes), got {v}")
     return v
 
@@ -153,8 +153,10 @@ cdef int _need_ne_c(object ne, int64_t * out, str arg="ne") except -1:
     for i in range(GGML_MAX_DIMS):
         out[i] = 1
     for i in range(n):
-        v = index_arg(vals[i], f"{arg}[{i}]", "")
-        if not 0 <= v <= _INT64_MAX:
+        v = vals[i]
+        if type(v) is not int:
+            v = index_arg(v, f"{arg}[{i}]", "")
+        if not 0 <= v <= 0x7FFFFFFFFFFFFFFF:   # (a literal: Cython caches it as an object)
             raise ArgumentError(f"{arg}[{i}] must be in [0, 2**63 - 1], got {v}")
         x = v
         if x != 0 and total > _INT64_MAX // x:

@@ -37,7 +37,8 @@ cdef class Context:
         if mem_size > (1 << 62):
             raise ContextFullError(f"mem_size={mem_size} bytes is too large")
         cdef bint c_no_alloc = arg_bool(no_alloc, "no_alloc", "Context")
-        self.pool = Storage(mem_size)
+        self.pool = Storage.__new__(Storage)
+        self.pool._alloc(mem_size)
         cdef ggml_init_params params
         params.mem_size = mem_size
         params.mem_buffer = self.pool.ptr
@@ -246,31 +247,54 @@ cdef class Context:
             if arr.dtype == object:
                 raise GGMLTypeError(f"from_numpy: array must be numeric, not {array.__class__.__name__} "
                                     f"of Python objects")
-        if not 1 <= arr.ndim <= GGML_MAX_DIMS:
-            raise ArgumentError(f"from_numpy: array must have 1 to {GGML_MAX_DIMS} dimensions, got {arr.ndim}")
-        cdef object typ
-        cdef object shape = (<object>arr).shape
-        if type is None:
-            dt = arr.dtype
-            if not dt.isnative:
-                dt = dt.newbyteorder("=")
-            typ = _TYPE_OF_DTYPE.get(dt)
-            if typ is None:
-                raise GGMLTypeError(f"from_numpy: dtype {arr.dtype} has no ggml type; supported: "
-                                    + ", ".join(str(d) for d in _TYPE_OF_DTYPE)
-                                    + " (or pass type= for quantized blocks or BF16 bits)")
+        cdef int nd = cnp.PyArray_NDIM(arr), i
+        if not 1 <= nd <= GGML_MAX_DIMS:
+            raise ArgumentError(f"from_numpy: array must have 1 to {GGML_MAX_DIMS} dimensions, got {nd}")
+        cdef int typ = _ggml_type_of_npy(cnp.PyArray_TYPE(arr)) if type is None else -1
+        cdef int64_t ne[4]
+        cdef cnp.npy_intp * dims = cnp.PyArray_DIMS(arr)
+        if typ >= 0:
+            for i in range(4):
+                ne[i] = dims[nd - 1 - i] if i < nd else 1
+        elif type is None:
+            raise GGMLTypeError(f"from_numpy: dtype {arr.dtype} has no ggml type; supported: "
+                                + ", ".join(str(d) for d in _TYPE_OF_DTYPE)
+                                + " (or pass type= for quantized blocks or BF16 bits)")
         else:
-            typ = Type(arg_type(type))
-            shape = _block_shape(<object>arr, typ)
-        cdef Tensor t = self.new_tensor(typ, shape[::-1])
-        cdef size_t n = ggml_nbytes(t.ptr)
-        if cnp.PyArray_IS_C_CONTIGUOUS(arr) and arr.dtype.isnative and <size_t>arr.nbytes == n:
-            if n:     # the common case: one memcpy, no numpy machinery
-                memcpy(t.ptr.data, cnp.PyArray_DATA(arr), n)
-        elif n:
+            typ = arg_type(type)
+            shape = _block_shape(<object>arr, Type(typ))
+            for i in range(4):
+                ne[i] = shape[nd - 1 - i] if i < nd else 1
+        cdef int64_t data = _data_nbytes(<ggml_type>typ, ne)
+        self._reserve(_OBJECT_SIZE + _pad(sizeof(ggml_tensor) + <uint64_t>data), "from_numpy")
+        cdef Tensor t = wrap(self, ggml_new_tensor(self.ptr, <ggml_type>typ, nd, ne))
+        if cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_NBYTES(arr) == data:
+            if data:     # the common case: one memcpy, no numpy machinery
+                memcpy(t.ptr.data, cnp.PyArray_DATA(arr), data)
+        elif data:
             dst = t._raw_view()
             np.copyto(dst, arr.reshape(dst.shape), casting="equiv")
         return t
+
+
+cdef inline int _ggml_type_of_npy(int typenum):
+    """The ggml type of a numpy type number (native or not: the byte order is handled
+    by the copy), or -1."""
+    if typenum == cnp.NPY_FLOAT32:
+        return GGML_TYPE_F32
+    if typenum == cnp.NPY_FLOAT16:
+        return GGML_TYPE_F16
+    if typenum == cnp.NPY_FLOAT64:
+        return GGML_TYPE_F64
+    if typenum == cnp.NPY_INT8:
+        return GGML_TYPE_I8
+    if typenum == cnp.NPY_INT16:
+        return GGML_TYPE_I16
+    if typenum == cnp.NPY_INT32:
+        return GGML_TYPE_I32
+    if typenum == cnp.NPY_INT64:
+        return GGML_TYPE_I64
+    return -1
 
 
 cdef tuple _block_shape(object arr, object typ):

@@ -3,9 +3,10 @@
 # A generated wrapper (see pyggml/_gen_ops.py) does, for a builder ggml_f:
 #
 #     r = pyggml_try_f(&g, op_scratch(ctx), args...)   # 1. in the scratch context
-#     op_check(ctx, r, &g, "f", names, tensors)        # 2. abort? kernel refusal? room?
+#     if op_check(ctx, r, &g, "f"):                    # 2. abort? kernel refusal? room?
+#         op_fail(ctx, r, &g, "f", names, tensors)     #    (raises, saying which)
 #     r = pyggml_try_f(&g, ctx.ptr, args...)           # 3. for real: the same call
-#     return op_result(ctx, r, &g, "f", tensors)
+#     ctx._depend_on(...) for tensors of other contexts; return wrap(ctx, r)
 #
 # The scratch run is the same deterministic call on the same inputs, in a no_alloc
 # context: ggml only reads no_alloc when it sizes a tensor's data. So it shows exactly
@@ -46,9 +47,34 @@ cdef uint64_t tensor_bytes(const ggml_tensor * t, bint no_alloc) except? 0:
     return _OBJECT_SIZE + _pad(sizeof(ggml_tensor) + data)
 
 
-cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names,
-                  tuple tensors) except -1:
-    """After the scratch run: raise for an abort, a node its kernel refuses, or too little room."""
+cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op) except -1:
+    """After the scratch run: 0 when the real call can follow; 1 when it must not (ggml
+    aborted, a new node's kernel would refuse it, or ctx lacks the room), and the
+    wrapper calls op_fail, which says why. C only on the way to 0: no objects made."""
+    if r == NULL:
+        return 1
+    cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
+    cdef uint64_t need = 0
+    cdef uint64_t headers = 0
+    cdef char buf[PYGGML_MSG_CAP]
+    cdef const char * defect = NULL
+    cdef int rc
+    while t != NULL:
+        need += tensor_bytes(t, ctx.no_alloc)
+        headers += _OBJECT_SIZE + _pad(sizeof(ggml_tensor))
+        if t.op != GGML_OP_NONE:
+            rc = pyggml_check_node(t, buf, PYGGML_MSG_CAP, &defect)
+            if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
+                return 1
+        t = ggml_get_next_tensor(_scratch, t)
+    # objects other than tensors (none today) count as they are
+    need += ggml_used_mem(_scratch) - headers
+    return 1 if ggml_used_mem(ctx.ptr) + need > ctx.mem_size else 0
+
+
+cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names, tuple tensors) except -1:
+    """Raise what op_check found: GGMLAbort, the kernel's refusal, or ContextFullError.
+    (Called right after op_check, so the scratch context still holds the dry run.)"""
     if r == NULL:
         raise_aborted(g, op, _describe_args(names, tensors))
     cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
@@ -56,23 +82,24 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple 
     cdef uint64_t headers = 0
     cdef char buf[PYGGML_MSG_CAP]
     cdef const char * defect = NULL
-    cdef int rc = PYGGML_OK
-    cdef ggml_tensor * bad = NULL
-    # C only until the walk is done: the scratch context is shared by all ops
+    cdef int rc
     while t != NULL:
         need += tensor_bytes(t, ctx.no_alloc)
         headers += _OBJECT_SIZE + _pad(sizeof(ggml_tensor))
-        if bad == NULL and t.op != GGML_OP_NONE:
+        if t.op != GGML_OP_NONE:
             rc = pyggml_check_node(t, buf, PYGGML_MSG_CAP, &defect)
             if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
-                bad = t
+                _raise_refusal(rc, buf, defect, t, op, names, tensors)
         t = ggml_get_next_tensor(_scratch, t)
-    # objects other than tensors (none today) count as they are
     need += ggml_used_mem(_scratch) - headers
-    if bad != NULL:
-        _raise_refusal(rc, buf, defect, bad, op, names, tensors)
     ctx._reserve(need, op)
-    return 0
+    raise RuntimeError(f"{op}: op_check refused a call op_fail finds sound (please report)")
+
+
+cdef int op_lost(pyggml_guard * g, str op) except -1:
+    """The real call aborted after a clean scratch run: cannot happen (same call, same inputs)."""
+    raise RuntimeError(f"{op}: ggml aborted in the real call after a clean scratch run "
+                       f"(please report): {g.message.decode('utf-8', 'replace')}")
 
 
 cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1:
@@ -81,13 +108,6 @@ cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1:
     if g.signal:
         raise GGMLAbort(f"{where}: ggml would crash: {msg}{detail}", msg)
     raise GGMLAbort(f"{where}: ggml would abort: {short_message(msg)}{detail}", msg)
-
-
-cdef Tensor op_result(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple tensors):
-    if r == NULL:   # the scratch run succeeded: the same call cannot abort here
-        raise RuntimeError(f"{op}: ggml aborted in the real call after a clean scratch run "
-                           f"(please report): {g.message.decode('utf-8', 'replace')}")
-    return ctx._adopt(r, tensors)
 
 
 cdef object version_error(str op, str reason):

@@ -12,7 +12,7 @@ from libc.stdint cimport int64_t, uint8_t
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport Storage, index_arg
-from pyggml._graph cimport Graph
+from pyggml._graph cimport Executor, Graph
 
 import os
 
@@ -101,6 +101,9 @@ cdef void _compute_call(void * arg) noexcept nogil:
 
 
 cdef double PROOF_TIMEOUT_S = 600.0
+# graphs whose nodes hold at most this many elements in all compute with the GIL held
+# (a microsecond or so of work: less than releasing and re-taking the GIL costs)
+cdef int64_t SMALL_GRAPH_ELEMS = 4096
 
 
 cdef int _prove(Graph graph) except -1:
@@ -158,22 +161,19 @@ cdef int _need_threads(object n_threads) except -1:
 
 
 @cython.final
-cdef class CpuExecutor:
+cdef class CpuExecutor(Executor):
     """Computes graphs with ggml's CPU backend (``ggml_graph_plan`` +
     ``ggml_graph_compute``); pyggml allocates the work buffer."""
 
-    def work_size(self, Graph graph, n_threads):
+    cdef object work(self, Graph graph, object n_threads, bint plan_only):
         """Bytes of work buffer ``compute(n_threads)`` allocates: what ``ggml_graph_plan``
-        asks for, or more where a kernel is known to use more."""
+        asks for (``plan_only``), or more where a kernel is known to use more."""
         graph._check()
         cdef int n = _need_threads(n_threads)
-        return max(ggml_graph_plan(graph.ptr, n, NULL).work_size, _fab_work_size(graph, n))
+        cdef size_t planned = ggml_graph_plan(graph.ptr, n, NULL).work_size
+        return planned if plan_only else max(planned, _fab_work_size(graph, n))
 
-    def plan_work_size(self, Graph graph, n_threads):
-        graph._check()
-        return ggml_graph_plan(graph.ptr, _need_threads(n_threads), NULL).work_size
-
-    def compute(self, Graph graph, n_threads=None):
+    cdef int run(self, Graph graph, object n_threads) except -1:
         graph._check()
         cdef int n = _need_threads(n_threads)
         if graph._unallocated is not None:
@@ -190,7 +190,7 @@ cdef class CpuExecutor:
         cdef ggml_status status
         # keep every storage the graph touches alive while the GIL is released
         # (another thread may close a context meanwhile)
-        cdef list keep = graph._keep_alive()
+        cdef object keep = graph._keep_alive()
         try:
             if graph._unproven:
                 _prove(graph)
@@ -201,14 +201,19 @@ cdef class CpuExecutor:
             if work_size > 0:
                 work = Storage(work_size)
                 plan.work_data = <uint8_t *>work.ptr
-            with nogil:
+            if graph._node_elems <= SMALL_GRAPH_ELEMS:
+                # releasing and taking back the GIL costs more than such a graph takes
                 status = ggml_graph_compute(graph.ptr, &plan)
+            else:
+                with nogil:
+                    status = ggml_graph_compute(graph.ptr, &plan)
         finally:
             _threadpool_release(tp)
             graph._busy = False
         if status != GGML_STATUS_SUCCESS:
             name = ggml_status_to_string(status).decode()
             raise ComputeError(f"ggml_graph_compute failed: {name}", name)
+        return 0
 
 
 _graph._set_default_executor(CpuExecutor())

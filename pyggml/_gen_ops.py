@@ -402,9 +402,16 @@ def gen_wrapper(op: Op, version: str) -> str:
     sep = ", " if call_args else ""
     out.append("    cdef pyggml_guard _guard")
     out.append(f"    cdef ggml_tensor * _r = pyggml_try_{op.name}(&_guard, _c.op_scratch(ctx){sep}{call_args})")
-    out.append(f"    _c.op_check(ctx, _r, &_guard, {op.name!r}, {names}, {tvals})")
+    out.append(f"    if _c.op_check(ctx, _r, &_guard, {op.name!r}):")
+    out.append(f"        _c.op_fail(ctx, _r, &_guard, {op.name!r}, {names}, {tvals})")
     out.append(f"    _r = pyggml_try_{op.name}(&_guard, ctx.ptr{sep}{call_args})")
-    out.append(f"    return _c.op_result(ctx, _r, &_guard, {op.name!r}, {tvals})")
+    out.append("    if _r == NULL:")
+    out.append(f"        _c.op_lost(&_guard, {op.name!r})")
+    for p in tensors:
+        none = f"t_{p.name} is not None and " if p.kind == "tensor?" else ""
+        out.append(f"    if {none}t_{p.name}.ctx is not ctx:")
+        out.append(f"        ctx._depend_on(t_{p.name}.ctx)")
+    out.append("    return _c.wrap(ctx, _r)")
     return "\n".join(out) + "\n"
 
 

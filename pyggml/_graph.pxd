@@ -7,14 +7,18 @@ from pyggml._ggml cimport ggml_cgraph, ggml_tensor
 from pyggml._core cimport Context
 
 
-cdef class _PtrSet:
-    cdef uintptr_t * table
-    cdef size_t cap, n
-    cdef uintptr_t small[16]
-    cdef int _resize(self, size_t cap) except -1
-    cdef bint contains(self, uintptr_t key)
-    cdef int add(self, uintptr_t key) except -1
-    cdef void discard(self, uintptr_t key)
+cdef extern from "ptrset.h" nogil:
+    ctypedef struct pg_ptrset:
+        size_t n
+    void pg_ptrset_free(pg_ptrset * s)
+    int pg_ptrset_add(pg_ptrset * s, uintptr_t key)
+    void pg_ptrset_discard(pg_ptrset * s, uintptr_t key)
+
+
+cdef class Executor:
+    """Computes graphs: the CPU executor (pyggml._cpu) today, a ggml backend tomorrow."""
+    cdef int run(self, Graph graph, object n_threads) except -1
+    cdef object work(self, Graph graph, object n_threads, bint plan_only)
 
 
 cdef class Graph:
@@ -22,20 +26,21 @@ cdef class Graph:
     cdef readonly Context ctx
     cdef readonly size_t size
     cdef readonly bint grads
-    cdef _PtrSet _seen      # tensors (addresses) already in the graph
+    cdef pg_ptrset _seen    # tensors (addresses) already in the graph
     cdef set _ctxs          # contexts whose tensors the graph reaches, beyond ctx
                             # (None while there are none: the common case stays cheap)
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
     cdef bint _busy           # a thread computes or changes the graph
+    cdef int64_t _node_elems  # elements of all nodes: a measure of a compute's size
     cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
 
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1
     cdef int _add_contexts(self, Context c) except -1
-    cdef list _keep_alive(self)
+    cdef object _keep_alive(self)
     cdef object _tensor(self, ggml_tensor * p)
     cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added)
     cdef uint64_t _dry_backward(self, Context ctx) except? 0

@@ -4,7 +4,9 @@ from typing import Any, final
 
 from pyggml._core import Context, Tensor
 
-def _set_default_executor(executor: Any) -> None: ...
+class Executor: ...
+
+def _set_default_executor(executor: Executor) -> None: ...
 
 @final
 class Graph:

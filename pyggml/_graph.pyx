@@ -10,7 +10,7 @@ proven once, in a forked child, before its first compute.
 cimport cython
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
@@ -20,7 +20,7 @@ cimport pyggml._core as _c
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
                            GraphBusyError, GraphFullError)
 
-include "_graph_ptrset.pxi"
+from libc.stdlib cimport free
 
 
 # ggml walks a graph recursively (ggml_visit_parents_graph): a chain of n new nodes
@@ -34,10 +34,21 @@ cdef size_t _stack_for(size_t n_nodes):
     return 0 if n_nodes < _DEEP else (1 << 20) + _FRAME_BYTES * n_nodes
 
 
-cdef object _executor = None
+cdef class Executor:
+    """The seam between a graph and what computes it. Graph.compute hands the graph to
+    the installed executor (pyggml._cpu.CpuExecutor); subclasses override run/work."""
+
+    cdef int run(self, Graph graph, object n_threads) except -1:
+        raise NotImplementedError("Executor.run")
+
+    cdef object work(self, Graph graph, object n_threads, bint plan_only):
+        raise NotImplementedError("Executor.work")
 
 
-def _set_default_executor(executor):
+cdef Executor _executor = None
+
+
+def _set_default_executor(Executor executor not None):
     """Install the executor Graph.compute uses (pyggml._cpu does, at import)."""
     global _executor
     _executor = executor
@@ -53,19 +64,24 @@ cdef class Graph:
 
     def __cinit__(self, Context ctx, size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
         self.ptr = NULL
+        memset(&self._seen, 0, sizeof(self._seen))
         need_open(ctx)
         lsize = _c.index_arg(size, "size", "Graph")
         if not 1 <= lsize <= (1 << 30):
             raise ArgumentError(f"size must be in [1, 2**30], got {size}")
         cdef size_t csize = lsize
         cdef bint cgrads = _c.arg_bool(grads, "grads", "Graph")
-        ctx._reserve(ggml_graph_overhead_custom(csize, cgrads), f"Graph(size={size})")
+        cdef size_t need = ggml_graph_overhead_custom(csize, cgrads)
+        if ggml_used_mem(ctx.ptr) + need > ctx.mem_size:
+            ctx._reserve(need, f"Graph(size={size})")        # raises, naming the size
         self.ptr = ggml_new_graph_custom(ctx.ptr, csize, cgrads)
         self.ctx = ctx
         self.size = csize
         self.grads = cgrads
-        self._seen = _PtrSet()
         self._ctxs = None
+
+    def __dealloc__(self):
+        pg_ptrset_free(&self._seen)
 
     @staticmethod
     def overhead(size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
@@ -97,9 +113,11 @@ cdef class Graph:
             self._ctxs.discard(self.ctx)
         return 0
 
-    cdef list _keep_alive(self):
+    cdef object _keep_alive(self):
         """The storages every tensor of the graph lies in: held while it computes."""
         cdef Context c
+        if self._ctxs is None and not self.ctx._dep_pools:
+            return self.ctx.pool          # the common case: one context, no list
         keep = [self.ctx.pool]
         keep.extend(self.ctx._dep_pools)
         if self._ctxs is not None:
@@ -117,11 +135,14 @@ cdef class Graph:
         """
         self._check_idle()
         cdef Tensor tensor = arg_tensor(t, "t", "build_forward_expand")
-        cdef int new_nodes = 0, new_leafs = 0, i, unchecked = 0
+        cdef int new_nodes = 0, new_leafs = 0, i, unchecked = 0, rc, added
+        cdef char msg[PYGGML_MSG_CAP]
+        cdef const char * defect = NULL
+        cdef ggml_tensor * refused = NULL
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
-        cdef int64_t fab_mxdm = 0
+        cdef int64_t fab_mxdm = 0, node_elems = 0
         # One buffer: the DFS stack grows from the front, the added list from the back.
         # Small graphs use the array on the C stack; larger ones move to the heap.
         cdef ggml_tensor * local[64]
@@ -133,7 +154,11 @@ cdef class Graph:
             while sp:
                 sp -= 1
                 p = buf[sp]
-                if not self._seen.add(<uintptr_t>p):
+                added = pg_ptrset_add(&self._seen, <uintptr_t>p)
+                if added < 0:
+                    self._forget(buf, cap, n_added)
+                    raise MemoryError()
+                if added == 0:
                     continue
                 if sp + n_added + GGML_MAX_SRC + 1 > cap:
                     if buf == local:
@@ -143,7 +168,7 @@ cdef class Graph:
                     else:
                         grown = <ggml_tensor **>realloc(buf, 2 * cap * sizeof(ggml_tensor *))
                     if grown == NULL:
-                        self._seen.discard(<uintptr_t>p)
+                        pg_ptrset_discard(&self._seen, <uintptr_t>p)
                         self._forget(buf, cap, n_added)
                         raise MemoryError()
                     # keep the added list at the back of the larger buffer
@@ -157,11 +182,12 @@ cdef class Graph:
                     new_leafs += 1
                 else:
                     new_nodes += 1
-                    try:
-                        unchecked += check_node(p, "build_forward_expand")
-                    except BaseException:
-                        self._forget(buf, cap, n_added)
-                        raise
+                    node_elems += ggml_nelements(p)
+                    rc = pyggml_check_node(p, msg, PYGGML_MSG_CAP, &defect)
+                    if rc == PYGGML_UNCHECKED:
+                        unchecked += 1
+                    elif rc != PYGGML_OK and refused == NULL:
+                        refused = p
                 if p.data == NULL and unallocated == NULL:
                     unallocated = p
                 if p.op == GGML_OP_FLASH_ATTN_BACK and p.src[0] != NULL and p.src[1] != NULL:
@@ -170,6 +196,9 @@ cdef class Graph:
                     if p.src[i] != NULL:
                         buf[sp] = p.src[i]
                         sp += 1
+            if refused != NULL:
+                self._forget(buf, cap, n_added)
+                check_node(refused, "build_forward_expand")     # raises
             if self._n_nodes + new_nodes > <int>self.size or self._n_leafs + new_leafs > <int>self.size:
                 self._forget(buf, cap, n_added)
                 raise GraphFullError(f"build_forward_expand: the graph would hold {self._n_nodes + new_nodes} "
@@ -178,7 +207,7 @@ cdef class Graph:
             if buf != local:
                 free(buf)
         cdef pyggml_guard g
-        cdef int rc = pyggml_try_build_forward_expand(&g, self.ptr, tensor.ptr, _stack_for(n_added))
+        rc = pyggml_try_build_forward_expand(&g, self.ptr, tensor.ptr, _stack_for(n_added))
         if rc != 1:   # counted and checked above: ggml cannot abort here
             raise RuntimeError(f"build_forward_expand: ggml failed after pyggml's checks (please report): "
                                f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
@@ -187,15 +216,17 @@ cdef class Graph:
             self._unproven = True
         self._n_nodes += new_nodes
         self._n_leafs += new_leafs
+        self._node_elems += node_elems
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
         self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
-        self._add_contexts(tensor.ctx)
+        if tensor.ctx is not self.ctx or tensor.ctx._deps:
+            self._add_contexts(tensor.ctx)
 
     cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added):
         cdef size_t i
         for i in range(n_added):
-            self._seen.discard(<uintptr_t>buf[cap - 1 - i])
+            pg_ptrset_discard(&self._seen, <uintptr_t>buf[cap - 1 - i])
 
     @property
     def n_nodes(self):
@@ -335,7 +366,7 @@ cdef class Graph:
 
     cdef int _track_new_nodes(self, int first) except -1:
         """Account for nodes ggml added from index ``first`` on (and their leafs)."""
-        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef int i, j, added, n = ggml_graph_n_nodes(self.ptr)
         cdef ggml_tensor * p
         cdef ggml_tensor * s
         cdef list stack = []
@@ -343,12 +374,16 @@ cdef class Graph:
             stack.append(<uintptr_t>ggml_graph_node(self.ptr, i))
         while stack:
             p = <ggml_tensor *><uintptr_t>stack.pop()
-            if not self._seen.add(<uintptr_t>p):
+            added = pg_ptrset_add(&self._seen, <uintptr_t>p)
+            if added < 0:
+                raise MemoryError()
+            if added == 0:
                 continue
             if p.op == GGML_OP_NONE and not (p.flags & GGML_TENSOR_FLAG_PARAM):
                 self._n_leafs += 1
             else:
                 self._n_nodes += 1
+                self._node_elems += ggml_nelements(p)
                 if check_node(p, "build_backward_expand"):
                     self._unchecked += 1
                     self._unproven = True
@@ -386,12 +421,12 @@ cdef class Graph:
         pyggml, not taken from the context. Raises ComputeError when ggml reports a
         non-success status.
         """
-        return _executor.compute(self, n_threads)
+        _executor.run(self, n_threads)
 
     def work_size(self, n_threads):
         """work_size(n_threads) -> int: bytes of work buffer ``compute(n_threads)`` allocates."""
-        return _executor.work_size(self, n_threads)
+        return _executor.work(self, n_threads, False)
 
     def _plan_work_size(self, n_threads):
         """Bytes ``ggml_graph_plan`` alone asks for (to show upstream's shortfall)."""
-        return _executor.plan_work_size(self, n_threads)
+        return _executor.work(self, n_threads, True)

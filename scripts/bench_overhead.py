@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""Binding overhead: pyggml against the ctypes binding ggml-python, side by side.
+"""Binding overhead: pyggml against the same calls from C and against the ctypes
+binding ggml-python, side by side in one run.
 
-Two figures, each the best of several rounds (the minimum is the least noisy
-estimate of a cost on a shared machine):
+Figures (each the best of several rounds: the minimum is the least noisy estimate of
+a cost on a shared machine), per call in microseconds:
 
-* cycle: a 16 MiB context, two 4-element F32 tensors, add, a graph, compute on
-  1 thread, free the context;
-* numpy: one tensor-to-numpy call (pyggml: ``Tensor.numpy()``; ggml-python:
-  ``ggml.utils.to_numpy``).
+* cycle: a 16 MiB context, two 4-element F32 tensors, add, a graph, compute on 1
+  thread, free the context;
+* numpy: one tensor-to-numpy call (pyggml ``Tensor.numpy()``; ggml-python
+  ``ggml.utils.to_numpy``);
+* from_numpy: a tensor holding a copy of a 1,000-element float32 array (C: a new
+  tensor and a memcpy), in a context reused every 200 tensors on both sides;
+* shape / ne: the two shape properties of a Tensor.
 
-ggml-python runs in a subprocess (it loads its own libggml), alternating with
-pyggml's rounds so both see the same machine. Give its interpreter with
-``--peer-python`` (default: this one, if it can ``import ggml``).
+Each is measured with small rounds (400 calls: the working set stays in cache) and
+large ones (20,000 calls: these mostly measure the allocator and cache misses, and
+even the C calls slow down there). The C figures come from a small program built
+here against the same libggml pyggml loaded (needs a C compiler; skipped otherwise);
+ggml-python runs in its own interpreter (``--peer-python``), alternating with pyggml.
 
 Run: ``python scripts/bench_overhead.py [--peer-python /path/to/venv/bin/python]``
 """
@@ -20,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 PYGGML_CODE = r"""
+import numpy as np
 import pyggml as g
 F32 = g.Type.F32
 def cycle():
@@ -41,6 +50,21 @@ _ctx = g.Context(1024 * 1024)
 _t = _ctx.new_tensor(F32, (4,))
 def to_numpy():
     _t.numpy()
+_arr = np.arange(1000, dtype=np.float32)
+_fill = [g.Context(1 << 20), 0]
+def from_numpy():
+    # a context reused every 200 tensors, as the C side resets its own: warm memory
+    if _fill[1] == 200:
+        _fill[0].close()
+        _fill[0] = g.Context(1 << 20)
+        _fill[1] = 0
+    _fill[1] += 1
+    _fill[0].from_numpy(_arr)
+def shape():
+    _t.shape
+def ne():
+    _t.ne
+BENCH = {"cycle": cycle, "numpy": to_numpy, "from_numpy": from_numpy, "shape": shape, "ne": ne}
 """
 
 PEER_CODE = r"""
@@ -59,12 +83,13 @@ _ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=1024 * 1024, mem_buffer=Non
 _t = ggml.ggml_new_tensor_1d(_ctx, ggml.GGML_TYPE_F32, 4)
 def to_numpy():
     ggml.utils.to_numpy(_t)
+BENCH = {"cycle": cycle, "numpy": to_numpy}
 """
 
 TIMER = r"""
 import json, sys, time
 def best(f, n, rounds):
-    for _ in range(n // 10):
+    for _ in range(n // 10 + 1):
         f()
     out = float("inf")
     for _ in range(rounds):
@@ -73,53 +98,156 @@ def best(f, n, rounds):
             f()
         out = min(out, (time.perf_counter() - t0) / n)
     return out * 1e6
-n, rounds = int(sys.argv[1]), int(sys.argv[2])
-print(json.dumps({"cycle_us": best(cycle, n, rounds), "numpy_us": best(to_numpy, 10 * n, rounds)}))
+n_small, n_large, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+print(json.dumps({f"{k}@{n}": best(f, n, rounds if n == n_large else 25 * rounds)
+                  for k, f in BENCH.items() for n in (n_small, n_large)}))
+"""
+
+C_CODE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "ggml.h"
+#include "ggml-cpu.h"
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static struct ggml_threadpool * tp;
+static struct ggml_context * big;
+static float src[1000];
+static void cycle(void) {
+    void * mem = aligned_alloc(64, 16 << 20);
+    struct ggml_init_params ip = {16 << 20, mem, false};
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * a = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4);
+    struct ggml_tensor * b = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4);
+    struct ggml_tensor * c = ggml_add(ctx, a, b);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, c);
+    struct ggml_cplan plan = ggml_graph_plan(gf, 1, tp);
+    ggml_graph_compute(gf, &plan);
+    ggml_free(ctx);
+    free(mem);
+}
+static int filled;
+static void from_numpy(void) {
+    if (filled == 200) {
+        ggml_reset(big);
+        filled = 0;
+    }
+    filled++;
+    struct ggml_tensor * t = ggml_new_tensor_1d(big, GGML_TYPE_F32, 1000);
+    memcpy(t->data, src, sizeof src);
+}
+static double best(void (*f)(void), int n, int rounds) {
+    double out = 1e9;
+    for (int r = 0; r < rounds; r++) {
+        double t0 = now();
+        for (int i = 0; i < n; i++) f();
+        double dt = (now() - t0) / n;
+        if (dt < out) out = dt;
+    }
+    return out * 1e6;
+}
+int main(int argc, char ** argv) {
+    int n_small = atoi(argv[1]), n_large = atoi(argv[2]), rounds = atoi(argv[3]);
+    struct ggml_threadpool_params p = ggml_threadpool_params_default(1);
+    tp = ggml_threadpool_new(&p);
+    struct ggml_init_params bp = {(size_t) 1 << 20, NULL, false};
+    big = ggml_init(bp);
+    printf("{\"cycle@%d\": %f, \"cycle@%d\": %f, ", n_small, best(cycle, n_small, 25 * rounds),
+           n_large, best(cycle, n_large, rounds));
+    printf("\"from_numpy@%d\": %f, ", n_small, best(from_numpy, n_small, 25 * rounds));
+    printf("\"from_numpy@%d\": %f}\n", n_large, best(from_numpy, n_large, rounds));
+    return 0;
+}
 """
 
 
-def run(python: str, code: str, n: int, rounds: int) -> dict[str, float]:
+def run(python: str, code: str, n_small: int, n_large: int, rounds: int) -> dict[str, float]:
     # cwd elsewhere: `python -c` puts cwd on sys.path, and the source tree's
-    # pyggml/ (which has no compiled _core) would shadow the installed package
-    out = subprocess.run([python, "-c", code + TIMER, str(n), str(rounds)], cwd=tempfile.gettempdir(),
-                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    # pyggml/ (which has no compiled modules) would shadow the installed package
+    out = subprocess.run([python, "-c", code + TIMER, str(n_small), str(n_large), str(rounds)],
+                         cwd=tempfile.gettempdir(), check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def build_c(tmp: str) -> str | None:
+    """The C program, against the libggml pyggml uses; None without a compiler or headers."""
+    import pyggml
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    libdir = os.path.dirname(pyggml.__file__)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    include = os.path.join(here, "vendor", "ggml", "include")
+    if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \
+            not os.path.exists(os.path.join(libdir, "libggml.so")):
+        return None
+    src = os.path.join(tmp, "bench.c")
+    exe = os.path.join(tmp, "bench")
+    with open(src, "w") as f:
+        f.write(C_CODE)
+    subprocess.run([cc, "-O2", src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
+                    "-lggml-cpu", f"-Wl,-rpath,{libdir}"], check=True)
+    return exe
+
+
+def merge(into: dict[str, float], new: dict[str, float]) -> None:
+    for k, v in new.items():
+        into[k] = min(into.get(k, float("inf")), v)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peer-python", default=sys.executable,
-                    help="interpreter that has ggml-python installed")
-    ap.add_argument("-n", type=int, default=20000, help="iterations per round")
+    ap.add_argument("--peer-python", default=sys.executable, help="interpreter that has ggml-python installed")
+    ap.add_argument("--small", type=int, default=400, help="calls per small round")
+    ap.add_argument("-n", type=int, default=20000, help="calls per large round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--alternations", type=int, default=3)
     args = ap.parse_args()
 
     has_peer = subprocess.run([args.peer_python, "-c", "import ggml.utils"], cwd=tempfile.gettempdir(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    mine = {"cycle_us": float("inf"), "numpy_us": float("inf")}
-    peer = dict(mine)
+    mine: dict[str, float] = {}
+    peer: dict[str, float] = {}
+    cres: dict[str, float] = {}
     t0 = time.perf_counter()
-    for _ in range(args.alternations):
-        for k, v in run(sys.executable, PYGGML_CODE, args.n, args.rounds).items():
-            mine[k] = min(mine[k], v)
-        if has_peer:
-            for k, v in run(args.peer_python, PEER_CODE, args.n, args.rounds).items():
-                peer[k] = min(peer[k], v)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_c(tmp)
+        for _ in range(args.alternations):
+            merge(mine, run(sys.executable, PYGGML_CODE, args.small, args.n, args.rounds))
+            if has_peer:
+                merge(peer, run(args.peer_python, PEER_CODE, args.small, args.n, args.rounds))
+            if exe:
+                out = subprocess.run([exe, str(args.small), str(args.n), str(args.rounds)], check=True,
+                                     stdout=subprocess.PIPE, text=True).stdout
+                merge(cres, json.loads(out))
 
     import pyggml
-    print(f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()}); best of "
-          f"{args.alternations * args.rounds} rounds of {args.n} iterations; "
-          f"{time.perf_counter() - t0:.1f} s")
-    print(f"{'':28s} {'pyggml':>10s} {'ggml-python':>12s} {'speedup':>8s}")
-    for key, label in (("cycle_us", "tiny graph cycle (us)"), ("numpy_us", "tensor -> numpy (us)")):
-        if has_peer:
-            print(f"{label:28s} {mine[key]:10.3f} {peer[key]:12.3f} {peer[key] / mine[key]:7.1f}x")
-        else:
-            print(f"{label:28s} {mine[key]:10.3f} {'n/a':>12s} {'n/a':>8s}")
+    print(f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()}); best of {args.alternations} x "
+          f"{args.rounds} rounds ({args.small}-call rounds: 25x as many); {time.perf_counter() - t0:.1f} s")
+    print(f"{'per call (us)':30s} {'C':>8s} {'pyggml':>8s} {'ggml-python':>12s} {'pyggml/C':>9s} {'peer/pyggml':>12s}")
+
+    def fmt(d, k):
+        return f"{d[k]:.3f}" if k in d else "n/a"
+
+    rows = [("cycle", "tiny graph cycle"), ("numpy", "tensor -> numpy"),
+            ("from_numpy", "from_numpy, 1000 float32"), ("shape", "Tensor.shape"), ("ne", "Tensor.ne")]
+    for n in (args.small, args.n):
+        for key, label in rows:
+            k = f"{key}@{n}"
+            if k not in mine:
+                continue
+            vs_c = f"{mine[k] / cres[k]:.2f}x" if k in cres else "n/a"
+            vs_peer = f"{peer[k] / mine[k]:.2f}x" if k in peer else "n/a"
+            print(f"{label + f' ({n})':30s} {fmt(cres, k):>8s} {fmt(mine, k):>8s} {fmt(peer, k):>12s} "
+                  f"{vs_c:>9s} {vs_peer:>12s}")
+    k = f"shape@{args.small}"
+    print(f"Tensor.shape / Tensor.ne: {mine[k] / mine[f'ne@{args.small}']:.2f}x")
     if not has_peer:
         print(f"(ggml-python is not importable from {args.peer_python}; "
               "install ggml-python==0.0.45 there to compare)")
+    if not cres:
+        print("(no C compiler or no vendor/ggml headers: C figures skipped)")
     return 0
 
 

@@ -10,7 +10,8 @@
 
 /* --- the abort guard ----------------------------------------------------------------------- */
 
-static _Thread_local pyggml_guard * current_guard;
+/* initial-exec: one slot of static TLS, no __tls_get_addr call on every guarded call */
+static _Thread_local pyggml_guard * current_guard __attribute__((tls_model("initial-exec")));
 static ggml_abort_callback_t previous_callback;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 

@@ -55,6 +55,7 @@ static pg_rule unary_rules[MAX_OPS];
 static pg_rule glu_rules[MAX_OPS];
 static int op_unary = -1, op_glu = -1;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int initialized;
 
 static const pg_named_rule * const tables[] = {PG_RULE_TABLES, NULL};
 
@@ -104,6 +105,13 @@ static void init(void) {
 
 void pyggml_checks_init(void) {
     pthread_once(&init_once, init);
+    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+}
+
+static inline void ensure_init(void) {
+    if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE)) {
+        pyggml_checks_init();
+    }
 }
 
 static pg_rule rule_for(int op, int sub_op) {
@@ -120,13 +128,13 @@ static pg_rule rule_for(int op, int sub_op) {
 }
 
 int pyggml_op_is_checked(int op, int sub_op) {
-    pyggml_checks_init();
+    ensure_init();
     return rule_for(op, sub_op) != NULL;
 }
 
 int pyggml_check_node(const struct ggml_tensor * t, char * msg, size_t cap, const char ** defect) {
     pg_why why = {msg, cap, NULL};
-    pyggml_checks_init();
+    ensure_init();
     if (cap > 0) {
         msg[0] = '\0';
     }
