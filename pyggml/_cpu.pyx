@@ -11,13 +11,13 @@ from libc.stdint cimport int64_t, uint8_t
 
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport Storage, index_arg
+from pyggml._core cimport Storage, index_arg, raise_aborted
 from pyggml._graph cimport Executor, Graph
 
 import os
 
 from pyggml import _graph
-from pyggml.errors import ArgumentError, ComputeError, GGMLAbort, GraphBusyError
+from pyggml.errors import ArgumentError, ComputeError, GGMLAbort, GraphBusyError, UpstreamDefect
 
 
 cdef int _default_threads():
@@ -91,44 +91,42 @@ atexit.register(_free_threadpool)
 
 # --- the forked proof ------------------------------------------------------------
 
-cdef struct _compute_args:
-    ggml_cgraph * graph
-    ggml_cplan * plan
-
-cdef void _compute_call(void * arg) noexcept nogil:
-    cdef _compute_args * a = <_compute_args *>arg
-    ggml_graph_compute(a.graph, a.plan)
-
-
 cdef double PROOF_TIMEOUT_S = 600.0
 # graphs whose nodes hold at most this many elements in all compute with the GIL held
 # (a microsecond or so of work: less than releasing and re-taking the GIL costs)
 cdef int64_t SMALL_GRAPH_ELEMS = 4096
 
 
-cdef int _prove(Graph graph) except -1:
-    """Compute once in a forked child, on one thread, before computing for real.
+cdef ggml_cplan _plan(Graph graph, int n_threads, ggml_threadpool * tp) except *:
+    """ggml_graph_plan, which asserts on some nodes' types, under the abort guard."""
+    cdef pyggml_guard g
+    cdef ggml_cplan plan
+    if not pyggml_try_graph_plan(&g, graph.ptr, n_threads, tp, &plan):
+        raise_aborted(&g, "compute: ggml_graph_plan", "")
+    return plan
 
-    For graphs holding an op pyggml has no kernel rule for yet: kernel asserts depend
-    on shapes and strides, not on values, so one successful run in a child proves the
-    graph; an abort there becomes GGMLAbort here. Retried on EINTR, the child reaped.
+
+cdef int _prove(Graph graph) except -1:
+    """Compute once in a forked child, on one thread, with every tensor in guarded
+    memory, before computing for real.
+
+    For graphs holding an op pyggml has no kernel rule for yet: kernel assertions and
+    out-of-bounds accesses depend on shapes and strides, not on values, so one clean
+    run in a child proves the graph. An abort there becomes GGMLAbort here; a kernel
+    reading or writing past a tensor (a guard page, or damaged canary bytes) becomes
+    UpstreamDefect ("kernel-out-of-bounds"). Retried on EINTR, the child reaped.
     """
-    cdef ggml_cplan plan = ggml_graph_plan(graph.ptr, 1, NULL)
-    cdef size_t work_size = max(plan.work_size, _fab_work_size(graph, 1))
-    cdef Storage work = Storage(work_size) if work_size else None
-    if work is not None:
-        plan.work_data = <uint8_t *>work.ptr
-    cdef _compute_args args
-    args.graph = graph.ptr
-    args.plan = &plan
     cdef char msg[4096]
     cdef int how = 0, rc
+    cdef size_t min_work = _fab_work_size(graph, 1)
     with nogil:
-        rc = pyggml_dry_run(_compute_call, &args, PROOF_TIMEOUT_S, msg, sizeof(msg), &how)
+        rc = pyggml_prove_graph(graph.ptr, min_work, PROOF_TIMEOUT_S, msg, sizeof(msg), &how)
     if rc < 0:
         raise OSError("compute: the forked proof could not run (fork or pipe failed)")
     if rc != PYGGML_DRY_OK:
         text = msg.decode("utf-8", "replace").strip()
+        if rc == PYGGML_DRY_EXIT and how in (PYGGML_EXIT_GUARD, PYGGML_EXIT_OVERRUN):
+            raise UpstreamDefect(f"compute: {text}", "kernel-out-of-bounds")
         why = {PYGGML_DRY_SIGNAL: f"signal {how}", PYGGML_DRY_EXIT: f"exit {how}",
                PYGGML_DRY_TIMEOUT: f"timed out after {PROOF_TIMEOUT_S:.0f} s"}[rc]
         raise GGMLAbort(f"compute: ggml would abort ({why}): {text or 'no message'}", text)
@@ -170,7 +168,7 @@ cdef class CpuExecutor(Executor):
         asks for (``plan_only``), or more where a kernel is known to use more."""
         graph._check()
         cdef int n = _need_threads(n_threads)
-        cdef size_t planned = ggml_graph_plan(graph.ptr, n, NULL).work_size
+        cdef size_t planned = _plan(graph, n, NULL).work_size
         return planned if plan_only else max(planned, _fab_work_size(graph, n))
 
     cdef int run(self, Graph graph, object n_threads) except -1:
@@ -196,7 +194,7 @@ cdef class CpuExecutor(Executor):
                 _prove(graph)
             # a cached threadpool saves creating one per compute; one compute at a time uses it
             tp = _threadpool_acquire(n)
-            plan = ggml_graph_plan(graph.ptr, n, tp)
+            plan = _plan(graph, n, tp)
             work_size = max(plan.work_size, _fab_work_size(graph, n))
             if work_size > 0:
                 work = Storage(work_size)

@@ -1,6 +1,6 @@
 # cython: language_level=3
 # Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
-from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_tensor
+from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_tensor, ggml_threadpool
 
 cdef extern from "pyggml_rt.h" nogil:
     enum:
@@ -35,3 +35,13 @@ cdef extern from "pyggml_rt.h" nogil:
                                         size_t stack_bytes)
     int pyggml_try_build_backward_expand(pyggml_guard * g, ggml_context * ctx, ggml_cgraph * graph,
                                          size_t stack_bytes)
+    int pyggml_try_graph_plan(pyggml_guard * g, const ggml_cgraph * graph, int n_threads,
+                              ggml_threadpool * threadpool, ggml_cplan * plan)
+
+    enum:
+        PYGGML_EXIT_GUARD
+        PYGGML_EXIT_OVERRUN
+        PYGGML_EXIT_NO_MEMORY
+    int pyggml_guarded_compute(ggml_cgraph * graph, size_t min_work, char * msg, size_t cap)
+    int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, char * msg, size_t cap,
+                           int * how)

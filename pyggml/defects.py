@@ -87,6 +87,15 @@ DEFECTS: tuple[Defect, ...] = (
         probe_unit="bytes written past the result (D=16, N=M=6, ne2=4, kvne2=2, ne3=2; 0: fixed)",
     ),
     Defect(
+        id="kernel-out-of-bounds",
+        title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
+        ops=(),
+        where="found at run time by pyggml's guarded proof (csrc/guarded.c): every tensor between guard pages",
+        action="the graph is refused with UpstreamDefect (defect 'kernel-out-of-bounds'), naming the tensor; "
+               "ops with a kernel rule (csrc/rules_*.c) are refused before they are built",
+        seen_in=(),
+    ),
+    Defect(
         id="fab-work-size",
         title="ggml_graph_plan under-sizes FLASH_ATTN_BACK's work buffer for tiny heads",
         ops=("FLASH_ATTN_BACK",),
@@ -100,6 +109,7 @@ DEFECTS: tuple[Defect, ...] = (
 )
 
 _BY_ID = {d.id: d for d in DEFECTS}
+
 
 
 def get(defect_id: str) -> Defect:

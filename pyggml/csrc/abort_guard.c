@@ -1,6 +1,7 @@
 /* The abort guard, calls on a big stack, and the guarded graph calls. See pyggml_rt.h. */
 #define _GNU_SOURCE
 #include "pyggml_rt.h"
+#include "ggml-cpu.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -171,4 +172,16 @@ int pyggml_try_build_backward_expand(pyggml_guard * g, struct ggml_context * ctx
                                      size_t stack_bytes) {
     struct graph_call c = {g, ctx, graph, NULL, 1, 0};
     return graph_call(&c, stack_bytes);
+}
+
+int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgraph * graph, int n_threads,
+                          struct ggml_threadpool * threadpool, struct ggml_cplan * plan) {
+    volatile int ok = 0;
+    pyggml_guard_enter(g);
+    if (setjmp(g->env) == 0) {
+        *plan = ggml_graph_plan(graph, n_threads, threadpool);
+        pyggml_guard_leave(g);
+        ok = 1;
+    }
+    return ok;
 }

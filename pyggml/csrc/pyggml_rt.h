@@ -68,6 +68,13 @@ PYGGML_RT_API int pyggml_try_build_forward_expand(pyggml_guard * g, struct ggml_
 PYGGML_RT_API int pyggml_try_build_backward_expand(pyggml_guard * g, struct ggml_context * ctx,
                                                    struct ggml_cgraph * graph, size_t stack_bytes);
 
+/* ggml_graph_plan under the guard (it asserts on some nodes' types): 1, or 0 when ggml
+ * aborted (g->message). */
+struct ggml_threadpool;
+struct ggml_cplan;
+PYGGML_RT_API int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgraph * graph, int n_threads,
+                                        struct ggml_threadpool * threadpool, struct ggml_cplan * plan);
+
 /* --- the forked dry run (a safety net) ---------------------------------------------------
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
  * a pipe into msg. Returns PYGGML_DRY_OK when the child exited 0; _SIGNAL when it died
@@ -77,6 +84,22 @@ PYGGML_RT_API int pyggml_try_build_backward_expand(pyggml_guard * g, struct ggml
 enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY_TIMEOUT = 3 };
 PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s,
                                  char * msg, size_t cap, int * how);
+
+/* --- the guarded compute -------------------------------------------------------------
+ * Computes graph on one thread with every tensor's data and the work buffer (at least
+ * min_work bytes) moved into memory of its own between PROT_NONE guard pages, with
+ * canary bytes up to the back guard. Changes the tensors' data pointers: meant for a
+ * forked child. Returns 0; 1 when a kernel wrote past a tensor (msg says which); -1
+ * when out of memory. A read or write into a guard page ends the process with
+ * _exit(PYGGML_EXIT_GUARD) after writing which tensor to stderr. */
+PYGGML_RT_API int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * msg, size_t cap);
+
+/* The proof: pyggml_dry_run of the guarded compute. The child exits PYGGML_EXIT_GUARD
+ * when a kernel touched a guard page, PYGGML_EXIT_OVERRUN when it wrote past a tensor's
+ * end without reaching one (damaged canary bytes); msg says which tensor. */
+enum { PYGGML_EXIT_GUARD = 95, PYGGML_EXIT_NO_MEMORY = 96, PYGGML_EXIT_OVERRUN = 97 };
+PYGGML_RT_API int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
+                                     char * msg, size_t cap, int * how);
 
 /* --- kernel preconditions ----------------------------------------------------------------- */
 enum pyggml_check {

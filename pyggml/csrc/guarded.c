@@ -1,0 +1,218 @@
+/* The guarded compute: a graph computed with every tensor's data (and the work buffer)
+ * moved into memory of its own, between two PROT_NONE guard pages, the few bytes
+ * between its end and the guard page filled with a canary. Meant for a forked child
+ * (pyggml_dry_run): a kernel that reads or writes past a tensor faults on a guard page,
+ * or damages the canary, and the child says which tensor before it dies.
+ * See pyggml_rt.h. */
+#define _GNU_SOURCE
+#include "pyggml_rt.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "ggml-cpu.h"
+#include "ptrset.h"
+
+#define CANARY 0xA5
+#define ALIGN 16          /* data start alignment: GGML_MEM_ALIGN */
+
+typedef struct region {
+    char * map;           /* the mapping: [guard][... data + canary][guard] */
+    size_t map_len;
+    char * data;
+    size_t nbytes;
+    size_t slack;         /* canary bytes between data + nbytes and the back guard */
+    char what[200];       /* "node 3 (MUL_MAT) f32 ne=(...)", preformatted for the handler */
+} region;
+
+static region * regions;
+static int n_regions;
+static size_t page;
+
+static void say(const char * s) {
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0) {
+            return;
+        }
+        s += w;
+        n -= (size_t) w;
+    }
+}
+
+static void on_guard_fault(int sig, siginfo_t * info, void * context) {
+    char * addr = info->si_addr;
+    const char * access = "accessed";
+#if defined(__x86_64__) && defined(REG_ERR)
+    ucontext_t * uc = context;
+    access = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? "wrote" : "read";
+#else
+    (void) context;
+#endif
+    for (int i = 0; i < n_regions; i++) {
+        region * r = &regions[i];
+        if (addr >= r->map && addr < r->map + page) {
+            say("pyggml guarded compute: a kernel ");
+            say(access);
+            say(" memory before the start of ");
+            say(r->what);
+            say("\n");
+            _exit(PYGGML_EXIT_GUARD);
+        }
+        if (addr >= r->map + r->map_len - page && addr < r->map + r->map_len) {
+            say("pyggml guarded compute: a kernel ");
+            say(access);
+            say(" memory past the end of ");
+            say(r->what);
+            say("\n");
+            _exit(PYGGML_EXIT_GUARD);
+        }
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static int add_region(struct ggml_tensor * t, size_t nbytes, const char * what) {
+    size_t padded = (nbytes + ALIGN - 1) / ALIGN * ALIGN;
+    size_t body = (padded + page - 1) / page * page;
+    if (body == 0) {
+        body = page;
+    }
+    size_t len = body + 2 * page;
+    char * map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
+        return -1;
+    }
+    mprotect(map, page, PROT_NONE);
+    mprotect(map + len - page, page, PROT_NONE);
+    region * r = &regions[n_regions++];
+    r->map = map;
+    r->map_len = len;
+    r->nbytes = nbytes;
+    r->data = map + len - page - padded;
+    r->slack = padded - nbytes;
+    memset(r->data + nbytes, CANARY, r->slack);
+    snprintf(r->what, sizeof r->what, "%s", what);
+    if (t != NULL) {
+        memcpy(r->data, t->data, nbytes);
+        t->data = r->data;
+    }
+    return 0;
+}
+
+static void describe(const struct ggml_tensor * t, const char * role, char * out, size_t cap) {
+    const char * op = ggml_op_name(t->op);
+    snprintf(out, cap, "%s \"%s\" (%s %s ne=(%lld, %lld, %lld, %lld))", role, t->name, op,
+             ggml_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
+             (long long) t->ne[3]);
+}
+
+int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * msg, size_t cap) {
+    page = (size_t) sysconf(_SC_PAGESIZE);
+    msg[0] = '\0';
+    /* every tensor the graph reaches: nodes, their sources, the bases of views */
+    pg_ptrset seen = {0};
+    size_t n_all = 0, cap_all = 64;
+    struct ggml_tensor ** all = malloc(cap_all * sizeof *all);
+    int n_nodes = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n_nodes; i++) {
+        struct ggml_tensor * stack[64];
+        int sp = 0;
+        stack[sp++] = ggml_graph_node(graph, i);
+        while (sp > 0) {
+            struct ggml_tensor * t = stack[--sp];
+            if (t == NULL || pg_ptrset_add(&seen, (uintptr_t) t) != 1) {
+                continue;
+            }
+            if (n_all == cap_all) {
+                cap_all *= 2;
+                all = realloc(all, cap_all * sizeof *all);
+            }
+            all[n_all++] = t;
+            for (int j = 0; j < GGML_MAX_SRC && sp < 62; j++) {
+                if (t->src[j] != NULL) {
+                    stack[sp++] = t->src[j];
+                }
+            }
+            if (t->view_src != NULL && sp < 63) {
+                stack[sp++] = t->view_src;
+            }
+        }
+    }
+    regions = calloc(n_all + 1, sizeof *regions);
+    char what[200];
+    /* bases first, then views follow their (moved) base */
+    for (size_t i = 0; i < n_all; i++) {
+        struct ggml_tensor * t = all[i];
+        if (t->view_src == NULL && t->data != NULL && ggml_nbytes(t) > 0) {
+            describe(t, t->op == GGML_OP_NONE ? "leaf" : "node", what, sizeof what);
+            if (add_region(t, ggml_nbytes(t), what) != 0) {
+                snprintf(msg, cap, "guarded compute: out of memory");
+                return -1;
+            }
+        }
+    }
+    for (size_t i = 0; i < n_all; i++) {
+        struct ggml_tensor * t = all[i];
+        if (t->view_src != NULL && t->view_src->data != NULL) {
+            t->data = (char *) t->view_src->data + t->view_offs;
+        }
+    }
+    struct ggml_cplan plan = ggml_graph_plan(graph, 1, NULL);
+    size_t work = plan.work_size > min_work ? plan.work_size : min_work;
+    if (work > 0) {
+        add_region(NULL, work, "the work buffer");
+        plan.work_data = (uint8_t *) regions[n_regions - 1].data;
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_guard_fault;
+    action.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &action, NULL);
+    sigaction(SIGBUS, &action, NULL);
+    ggml_graph_compute(graph, &plan);
+    for (int i = 0; i < n_regions; i++) {
+        region * r = &regions[i];
+        size_t damaged = 0;
+        for (size_t k = 0; k < r->slack; k++) {
+            if ((unsigned char) r->data[r->nbytes + k] != CANARY) {
+                damaged = k + 1;
+            }
+        }
+        if (damaged) {
+            snprintf(msg, cap, "pyggml guarded compute: a kernel wrote %zu bytes past the end of %s",
+                     damaged, r->what);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+struct prove_args {
+    struct ggml_cgraph * graph;
+    size_t min_work;
+};
+
+static void prove_child(void * p) {
+    struct prove_args * a = p;
+    char msg[1024];
+    int rc = pyggml_guarded_compute(a->graph, a->min_work, msg, sizeof msg);
+    if (rc != 0) {
+        say(msg);
+        say("\n");
+        _exit(rc == 1 ? PYGGML_EXIT_OVERRUN : PYGGML_EXIT_NO_MEMORY);
+    }
+}
+
+int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s, char * msg, size_t cap,
+                       int * how) {
+    struct prove_args a = {graph, min_work};
+    return pyggml_dry_run(prove_child, &a, timeout_s, msg, cap, how);
+}
