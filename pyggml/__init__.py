@@ -51,9 +51,11 @@ from pyggml._core import (
     Type,
     UnaryOp,
     build_info,
+    dequantize,
     flash_attn_ext_set_prec,
     ggml_version,
     mul_mat_set_prec,
+    quantize,
     set_loss,
     set_param,
 )
@@ -99,6 +101,7 @@ __all__ = [
     "UpstreamDefect",
     "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_set_prec", "ggml_version",
-    "known_defects", "mul_mat_set_prec", "op_coverage", "reference", "set_loss", "set_param",
+    "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_loss",
+    "set_param",
     *_op_names,
 ]

@@ -123,6 +123,15 @@ cdef extern from "_compat.h" nogil:
     const char * ggml_unary_op_name(ggml_unary_op op)
     const char * ggml_glu_op_name(ggml_glu_op op)
     bint ggml_is_quantized(ggml_type type)
+    bint ggml_quantize_requires_imatrix(ggml_type type)
+
+    ctypedef void (*ggml_to_float_t)(const void * x, float * y, int64_t k) noexcept nogil
+    struct ggml_type_traits:
+        int64_t blck_size
+        size_t type_size
+        bint is_quantized
+        ggml_to_float_t to_float
+    const ggml_type_traits * ggml_get_type_traits(ggml_type type)
     bint ggml_is_transposed(const ggml_tensor * tensor)
     bint ggml_is_contiguous(const ggml_tensor * tensor)
     bint ggml_can_repeat(const ggml_tensor * t0, const ggml_tensor * t1)

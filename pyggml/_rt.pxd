@@ -1,5 +1,6 @@
 # cython: language_level=3
 # Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
+from libc.stdint cimport int64_t
 from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_tensor, ggml_threadpool
 
 cdef extern from "pyggml_rt.h" nogil:
@@ -45,3 +46,5 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_guarded_compute(ggml_cgraph * graph, size_t min_work, char * msg, size_t cap)
     int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, char * msg, size_t cap,
                            int * how)
+    int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
+                            int64_t n_per_row, const float * imatrix) nogil

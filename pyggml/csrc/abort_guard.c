@@ -185,3 +185,15 @@ int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgraph * graph, in
     }
     return ok;
 }
+
+int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
+                        int64_t n_per_row, const float * imatrix) {
+    volatile int ok = 0;
+    pyggml_guard_enter(g);
+    if (setjmp(g->env) == 0) {
+        ggml_quantize_chunk((enum ggml_type) type, src, dst, 0, nrows, n_per_row, imatrix);
+        pyggml_guard_leave(g);
+        ok = 1;
+    }
+    return ok;
+}

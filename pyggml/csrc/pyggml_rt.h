@@ -75,6 +75,11 @@ struct ggml_cplan;
 PYGGML_RT_API int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgraph * graph, int n_threads,
                                         struct ggml_threadpool * threadpool, struct ggml_cplan * plan);
 
+/* ggml_quantize_chunk of nrows rows of n_per_row floats under the guard: 1, or 0 when
+ * ggml aborted (g->message). */
+PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
+                                      int64_t n_per_row, const float * imatrix);
+
 /* --- the forked dry run (a safety net) ---------------------------------------------------
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
  * a pipe into msg. Returns PYGGML_DRY_OK when the child exited 0; _SIGNAL when it died

@@ -1,7 +1,6 @@
-/* The rule tables, one per file rules_<family>.c; preconditions.c merges them. */
+/* The rule tables: each pyggml/csrc/rules_<family>.c defines pg_rules_<family>[]; the
+ * build lists them in rules_tables.h (CMakeLists.txt), and preconditions.c merges them. */
 #pragma once
 #include "preconditions.h"
 
-extern const pg_named_rule pg_rules_core[];        /* rules_core.c */
-
-#define PG_RULE_TABLES pg_rules_core
+#include "rules_tables.h"
