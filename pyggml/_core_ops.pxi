@@ -189,6 +189,15 @@ cdef int check_node_named(const ggml_tensor * node, str where, tuple names, tupl
     return 1 if rc == PYGGML_UNCHECKED else 0
 
 
+def _set_rules_enabled(enabled):
+    """_set_rules_enabled(enabled) -> bool  (testing only: see pyggml.opinfo.harness.rules_disabled)
+
+    Disable (or re-enable) pyggml's kernel rules: every node then reads as unchecked, so
+    graphs are proven in a guarded forked child before they compute. Returns the
+    previous setting."""
+    return bool(pyggml_checks_set_enabled(1 if enabled else 0))
+
+
 def op_is_checked(op, sub_op=0):
     """op_is_checked(op, sub_op=0) -> bool: pyggml has a kernel rule for this GGML_OP
     (and GGML_UNARY_OP/GGML_GLU_OP sub-op) of the linked ggml."""

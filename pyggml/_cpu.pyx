@@ -134,6 +134,15 @@ cdef int _prove(Graph graph) except -1:
     return 0
 
 
+def prove(Graph graph not None):
+    """prove(graph): run the guarded proof now (a forked child computes the graph with
+    every tensor between guard pages), whatever the graph's nodes; raise what it finds:
+    GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for an access past a
+    tensor. For tests of the kernel rules (with the rules disabled)."""
+    graph._check()
+    _prove(graph)
+
+
 cdef size_t _fab_work_size(Graph graph, int n_threads):
     # Upstream defect (pyggml.defects "fab-work-size"): for FLASH_ATTN_BACK,
     # ggml_graph_plan reserves 4*max(D, Mup)*n_tasks floats (+ a cache line per

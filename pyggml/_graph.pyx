@@ -18,7 +18,7 @@ from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node, need
 cimport pyggml._core as _c
 
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
-                           GraphBusyError, GraphFullError)
+                           GraphBusyError, GraphFullError, UpstreamDefect)
 
 from libc.stdlib cimport free
 
@@ -300,6 +300,11 @@ cdef class Graph:
         if self._unallocated is not None:
             raise ArgumentError("build_backward_expand: the graph has tensors without data "
                                 "(from a no_alloc context, or empty: ggml gives those none)")
+        cdef char msg[PYGGML_MSG_CAP]
+        cdef const char * defect = NULL
+        if pyggml_check_backward(self.ptr, msg, PYGGML_MSG_CAP, &defect) != PYGGML_OK:
+            raise UpstreamDefect(f"build_backward_expand: {msg.decode('utf-8', 'replace')}",
+                                 defect.decode() if defect != NULL else "")
         cdef uint64_t need = self._dry_backward(ctx)
         ctx._reserve(need, "build_backward_expand")
         cdef pyggml_guard g

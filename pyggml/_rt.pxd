@@ -31,6 +31,8 @@ cdef extern from "pyggml_rt.h" nogil:
     void pyggml_checks_init()
     int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
     int pyggml_op_is_checked(int op, int sub_op)
+    int pyggml_checks_set_enabled(int enabled)
+    int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
 
     int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,
                                         size_t stack_bytes)

@@ -87,6 +87,25 @@ DEFECTS: tuple[Defect, ...] = (
         probe_unit="bytes written past the result (D=16, N=M=6, ne2=4, kvne2=2, ne3=2; 0: fixed)",
     ),
     Defect(
+        id="add1-grad-mean",
+        title="the backward pass of ggml_add1 gives the scalar the mean of the gradient, not its sum",
+        ops=("ADD1",),
+        where="ggml.c ggml_compute_backward, case GGML_OP_ADD1: ggml_mean(ctx, grad) "
+              "(\"TODO: should probably be sum instead of mean\")",
+        action="build_backward_expand refuses a graph where an ADD1's b needs a gradient (UpstreamDefect); "
+               "the gradient check of pyggml.opinfo shows the factor",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="sub-div-broadcast-grad",
+        title="the backward pass of ggml_sub and ggml_div aborts when b is broadcast",
+        ops=("SUB", "DIV"),
+        where="ggml.c ggml_compute_backward, cases GGML_OP_SUB/GGML_OP_DIV: the gradient of b is not reduced "
+              "with ggml_repeat_back (ADD and MUL do it), then GGML_ASSERT(ggml_are_same_shape(src1, grad))",
+        action="build_backward_expand refuses the graph with UpstreamDefect before ggml would abort",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="kernel-out-of-bounds",
         title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
         ops=(),

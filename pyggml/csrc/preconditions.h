@@ -33,6 +33,11 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
 #endif
     ;
 
+/* shared rules (rules_core.c), for other families to reuse for ops whose kernels share
+ * the same template: */
+int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* binary-ops.cpp binary_op */
+int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* unary-ops.cpp unary_op */
+
 /* predicates over one tensor */
 int pg_rows_contiguous(const struct ggml_tensor * t);    /* nb[0] == type size */
 int pg_contiguous(const struct ggml_tensor * t);         /* ggml_is_contiguous and nb[0] == type size */

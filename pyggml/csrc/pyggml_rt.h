@@ -121,6 +121,13 @@ PYGGML_RT_API void pyggml_checks_init(void);
  * NULL) or _UNCHECKED. */
 PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg, size_t cap,
                                     const char ** defect);
+/* Known defects of ggml's backward pass that this forward graph would hit (pyggml.defects):
+ * PYGGML_OK, or PYGGML_REFUSED with the defect's id in *defect and why in msg. */
+PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect);
+
+/* Testing only: with rules disabled every node reads as PYGGML_UNCHECKED (so graphs are
+ * proven in a guarded child); returns the previous setting. */
+PYGGML_RT_API int pyggml_checks_set_enabled(int enabled);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
 

@@ -42,7 +42,7 @@ static int rule_view(const struct ggml_tensor * t, pg_why * why) {
  * the type triples it instantiates, dst and src0 rows contiguous; src1 any stride.
  * ops.cpp ggml_compute_forward_add: a quantized src0 goes to add_q_f32 (same shapes,
  * src1 F32, dst of src0's type or F32). */
-static int rule_binary(const struct ggml_tensor * t, pg_why * why) {
+int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * b = t->src[1];
     PG_NEED_SRC(t, 0, why);
@@ -77,7 +77,7 @@ static int rule_binary(const struct ggml_tensor * t, pg_why * why) {
 
 /* unary-ops.cpp unary_op/apply_unary_op: F32, F16, BF16 alike, or F16/BF16 -> F32;
  * src0 and dst rows contiguous */
-static int rule_unary(const struct ggml_tensor * t, pg_why * why) {
+int pg_rule_unary(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
     int ok = (a->type == t->type && pg_is_float(a->type)) ||
@@ -287,12 +287,12 @@ const pg_named_rule pg_rules_core[] = {
     {"RESHAPE", rule_noop},
     {"PERMUTE", rule_noop},
     {"TRANSPOSE", rule_noop},
-    {"ADD", rule_binary},
-    {"SUB", rule_binary},
-    {"MUL", rule_binary},
-    {"DIV", rule_binary},
-    {"SQR", rule_unary},
-    {"SQRT", rule_unary},
+    {"ADD", pg_rule_binary},
+    {"SUB", pg_rule_binary},
+    {"MUL", pg_rule_binary},
+    {"DIV", pg_rule_binary},
+    {"SQR", pg_rule_unary},
+    {"SQRT", pg_rule_unary},
     {"SCALE", rule_scale},
     {"SUM", rule_sum},
     {"MEAN", rule_mean},

@@ -1,0 +1,89 @@
+/* Known defects of ggml's backward pass (ggml_compute_backward in ggml.c), checked on a
+ * forward graph before pyggml builds its backward pass: pyggml refuses a backward pass
+ * that ggml would get wrong, naming the defect (pyggml.defects), rather than hand back
+ * a wrong gradient. Which tensors need a gradient is worked out as
+ * ggml_build_backward_expand does. See pyggml_rt.h. */
+#include "preconditions.h"
+
+#include <string.h>
+
+#include "ptrset.h"
+
+static int same_shape(const struct ggml_tensor * a, const struct ggml_tensor * b) {
+    return a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] && a->ne[3] == b->ne[3];
+}
+
+static int op_is(const struct ggml_tensor * t, const char * name) {
+    return strcmp(ggml_op_name(t->op), name) == 0;
+}
+
+/* the sources ggml_build_backward_expand does not differentiate through */
+static int ignored_src(const struct ggml_tensor * t, int j) {
+    if (j == 0 && (op_is(t, "IM2COL") || op_is(t, "IM2COL_BACK"))) {
+        return 1;
+    }
+    if (j == 0 && op_is(t, "UNARY")) {
+        const char * u = ggml_unary_op_name((enum ggml_unary_op) t->op_params[0]);
+        return strcmp(u, "SGN") == 0 || strcmp(u, "STEP") == 0;
+    }
+    if (j == 1 && (op_is(t, "CPY") || op_is(t, "GET_ROWS") || op_is(t, "GET_ROWS_BACK") || op_is(t, "ROPE"))) {
+        return 1;
+    }
+    return 0;
+}
+
+int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect) {
+    pg_why why = {msg, cap, NULL};
+    pg_ptrset needs = {0};
+    int rc = PYGGML_OK;
+    *defect = NULL;
+    if (cap > 0) {
+        msg[0] = '\0';
+    }
+    int n = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n && rc == PYGGML_OK; i++) {
+        struct ggml_tensor * t = ggml_graph_node(graph, i);
+        if (t->type == GGML_TYPE_I32) {
+            continue;
+        }
+        int need = (t->flags & GGML_TENSOR_FLAG_PARAM) || (t->flags & GGML_TENSOR_FLAG_LOSS);
+        int src_needs[GGML_MAX_SRC] = {0};
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            struct ggml_tensor * s = t->src[j];
+            if (s != NULL && !ignored_src(t, j)) {
+                /* a membership test: add, and undo if it was not there */
+                int added = pg_ptrset_add(&needs, (uintptr_t) s);
+                if (added == 1) {
+                    pg_ptrset_discard(&needs, (uintptr_t) s);
+                } else if (added == 0) {
+                    src_needs[j] = 1;
+                    need = 1;
+                }
+            }
+        }
+        if (!need) {
+            continue;
+        }
+        pg_ptrset_add(&needs, (uintptr_t) t);
+        /* ggml.c, case GGML_OP_ADD1: the gradient of the scalar b is ggml_mean(grad), not its sum */
+        if (op_is(t, "ADD1") && src_needs[1]) {
+            why.defect = "add1-grad-mean";
+            rc = pg_refuse(&why, "node %d (ADD1): ggml's backward pass gives the scalar b the mean of the "
+                           "output gradient where the sum belongs (wrong by a factor of %lld)", i,
+                           (long long) ggml_nelements(t));
+        }
+        /* ggml.c, cases GGML_OP_SUB / GGML_OP_DIV: the gradient of a broadcast b is not reduced */
+        if ((op_is(t, "SUB") || op_is(t, "DIV")) && src_needs[1] && !same_shape(t->src[0], t->src[1])) {
+            why.defect = "sub-div-broadcast-grad";
+            rc = pg_refuse(&why, "node %d (%s): ggml's backward pass cannot differentiate a broadcast b "
+                           "(b ne=(%lld, %lld, %lld, %lld) against a ne=(%lld, %lld, %lld, %lld)): it would abort",
+                           i, ggml_op_name(t->op), (long long) t->src[1]->ne[0], (long long) t->src[1]->ne[1],
+                           (long long) t->src[1]->ne[2], (long long) t->src[1]->ne[3],
+                           (long long) t->src[0]->ne[0], (long long) t->src[0]->ne[1],
+                           (long long) t->src[0]->ne[2], (long long) t->src[0]->ne[3]);
+        }
+    }
+    pg_ptrset_free(&needs);
+    *defect = why.defect;
+    return rc;
+}

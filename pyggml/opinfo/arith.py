@@ -1,0 +1,137 @@
+"""OpInfos of the [arith] family: add, sub, mul, div and friends, scale, clamp, fill."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml._core import Type
+from pyggml.opinfo import Arg, OpInfo, Sample
+from pyggml.opinfo._common import FLOATS, broadcast_pairs, normal, tile_to, unary_samples
+
+
+def _binary(rng, t, denominator=False, broadcast_grad_defect=""):
+    """a (type t) and b (F32, or t) over ggml's broadcasting, and over layouts."""
+    for ash, bsh in broadcast_pairs():
+        b = normal(rng, bsh)
+        if denominator:
+            b = np.sign(b) * (np.abs(b) + 0.5)          # away from 0
+        defect = broadcast_grad_defect if ash != bsh else ""
+        for btype in {t, Type.F32} if t != Type.F32 else (Type.F32,):
+            yield Sample((Arg(normal(rng, ash), t), Arg(b, btype)), f"{ash} by {bsh} b {btype.name}",
+                         grad_defect=defect)
+    a = normal(rng, (3, 5))
+    b = normal(rng, (3, 5)) + (3.0 if denominator else 0.0)
+    yield Sample((Arg(a, t), Arg(b, t, "transposed")), "b transposed")
+    yield Sample((Arg(a, t, "strided"), Arg(b, t)), "a strided rows")
+
+
+def _binary_info(name, fn, denominator=False, broadcast_grad_defect="", **kw):
+    def samples(rng, t):
+        return _binary(rng, t, denominator, broadcast_grad_defect)
+    return OpInfo(name, ref=lambda a, b: fn(a, tile_to(b, a.shape)), samples=samples, types=FLOATS, **kw)
+
+
+def _ref_add_cast(a, b, typ):
+    return a + b                       # b repeated along rows only: same as tiling here
+
+
+def _add_cast_samples(rng, t):
+    # the type pairs the CPU kernels take: F16/BF16 a with an F32 b into a's type or F32
+    # (binary-ops.cpp), a quantized a of b's shape into a's type or F32 (add_q_f32)
+    for at, rt in ((Type.F16, Type.F16), (Type.F16, Type.F32), (Type.BF16, Type.BF16), (Type.BF16, Type.F32),
+                   (Type.Q8_0, Type.F32), (Type.Q4_0, Type.F32)):
+        a = normal(rng, (3, 64))
+        yield Sample((Arg(a, at), Arg(normal(rng, (3, 64))), rt), f"{at.name} + F32 as {rt.name}")
+        if not at.is_quantized:         # the quantized kernel (add_q_f32) takes same shapes only
+            yield Sample((Arg(a, at), Arg(normal(rng, (1, 64))), rt), f"{at.name} + row as {rt.name}")
+
+
+def _ref_add_id(a, b, ids):
+    # a [n_embd, n_used, n_tokens] (ggml order); row i1 of token i2 gets b's row ids[i2, i1]
+    return a + b[ids]
+
+
+def _add_id_samples(rng, t):
+    a = normal(rng, (4, 3, 8))                        # numpy (n_tokens, n_used, n_embd)
+    b = normal(rng, (5, 8))                           # 5 rows to choose from
+    ids = rng.integers(0, 5, size=(4, 3)).astype(np.int32)
+    yield Sample((Arg(a, t), Arg(b, t), Arg(ids, Type.I32)), "4 tokens x 3 used of 5")
+
+
+def _add1_samples(rng, t):
+    for shape in ((7,), (3, 5), (2, 3, 4)):
+        yield Sample((Arg(normal(rng, shape), t), Arg(normal(rng, (1,)), Type.F32 if t != Type.F32 else t)),
+                     f"{shape} + scalar", grad_defect="add1-grad-mean")
+
+
+def _ref_acc(a, b, nb1, nb2, nb3, offset):
+    """a copy of a, and the view of it at byte offset with byte strides nb1..3 (ggml's
+    view of F32 elements) gets b added."""
+    out = a.copy()
+    flat = out.reshape(-1)
+    ne = tuple(reversed(b.shape)) + (1,) * (4 - b.ndim)
+    b4 = b.reshape((1,) * (4 - b.ndim) + b.shape)
+    for i3 in range(ne[3]):
+        for i2 in range(ne[2]):
+            for i1 in range(ne[1]):
+                start = (offset + i1 * nb1 + i2 * nb2 + i3 * nb3) // 4
+                flat[start:start + ne[0]] += b4[i3, i2, i1]
+    return out
+
+
+def _acc_samples(rng, t):
+    a = normal(rng, (4, 6))                           # ne (6, 4): rows of 24 bytes
+    yield Sample((Arg(a, t), Arg(normal(rng, (2, 3)), t), 24, 48, 96, 8), "2x3 block at (2, 0)")
+    yield Sample((Arg(a, t), Arg(normal(rng, (6,)), t), 24, 24, 24, 24), "row 1")
+    yield Sample((Arg(a, t), Arg(normal(rng, (2, 2)), t), 48, 96, 96, 0), "every other row")
+
+
+def _scale_samples(rng, t):
+    for s in unary_samples(rng, t, layouts=("contiguous",)):
+        yield Sample(s.args + (-1.75,), s.name)
+
+
+def _scale_bias_samples(rng, t):
+    for s in unary_samples(rng, t, layouts=("contiguous",)):
+        yield Sample(s.args + (0.5, -2.0), s.name)
+
+
+def _clamp_samples(rng, t):
+    for s in unary_samples(rng, t, layouts=("contiguous",)):
+        yield Sample(s.args + (-0.5, 0.75), s.name)
+
+
+def _fill_samples(rng, t):
+    for s in unary_samples(rng, t, layouts=("contiguous",)):
+        yield Sample(s.args + (3.25,), s.name)
+
+
+OPINFOS = [
+    _binary_info("add", np.add, grad=True),
+    _binary_info("add_inplace", np.add),
+    _binary_info("sub", np.subtract, grad=True, broadcast_grad_defect="sub-div-broadcast-grad"),
+    _binary_info("sub_inplace", np.subtract),
+    _binary_info("mul", np.multiply, grad=True),
+    _binary_info("mul_inplace", np.multiply),
+    _binary_info("div", np.divide, denominator=True, grad=True, broadcast_grad_defect="sub-div-broadcast-grad"),
+    _binary_info("div_inplace", np.divide, denominator=True),
+    OpInfo("add_cast", ref=_ref_add_cast, samples=_add_cast_samples,
+           tol={Type.F32: 2e-5}, note="the result of an F16/BF16 a rounds to that type: NMSE up to BF16's "
+                                      "rounding (the tolerance is the loosest result type sampled)"),
+    OpInfo("add_id", ref=_ref_add_id, samples=_add_id_samples, grad=False),
+    OpInfo("add1", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS, grad=True),
+    OpInfo("add1_inplace", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS),
+    OpInfo("acc", ref=_ref_acc, samples=_acc_samples, grad=True),
+    OpInfo("acc_inplace", ref=_ref_acc, samples=_acc_samples),
+    OpInfo("scale", ref=lambda a, s: a * np.float32(s), samples=_scale_samples, grad=True),
+    OpInfo("scale_inplace", ref=lambda a, s: a * np.float32(s), samples=_scale_samples),
+    OpInfo("scale_bias", ref=lambda a, s, b: a * np.float32(s) + np.float32(b), samples=_scale_bias_samples),
+    OpInfo("scale_bias_inplace", ref=lambda a, s, b: a * np.float32(s) + np.float32(b),
+           samples=_scale_bias_samples),
+    OpInfo("clamp", ref=lambda a, lo, hi: np.clip(a, np.float32(lo), np.float32(hi)), samples=_clamp_samples,
+           types=(Type.F32, Type.F16)),
+    OpInfo("fill", ref=lambda a, c: np.full_like(a, np.float32(c)), samples=_fill_samples,
+           types=(Type.F32, Type.F16)),
+    OpInfo("fill_inplace", ref=lambda a, c: np.full_like(a, np.float32(c)), samples=_fill_samples,
+           types=(Type.F32, Type.F16)),
+]

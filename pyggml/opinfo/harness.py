@@ -1,0 +1,254 @@
+"""Run an OpInfo sample through ggml and compare it with the float64 reference.
+
+:func:`run` builds the sample's tensors (values rounded to their types the way ggml
+stores them; transposed, permuted or strided as the sample says), calls the builder,
+computes the graph and returns the result next to the reference. :func:`grad_check`
+compares ggml's autodiff with central differences of the reference. Both raise what
+pyggml raises (a refusal is an exception, not a result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+import pyggml
+from pyggml import Type
+from pyggml.opinfo import Arg, OpInfo, Sample
+
+__all__ = ["Result", "grad_check", "kernel_verdict", "nmse", "rules_disabled", "run", "stored"]
+
+
+@contextlib.contextmanager
+def rules_disabled():
+    """Within: pyggml's kernel rules are off, so a node any rule would refuse is built,
+    and its graph is proven in a guarded forked child (``pyggml._cpu.prove``) instead.
+    For testing the rules against the kernels themselves (both sides of each rule)."""
+    was = pyggml._core._set_rules_enabled(False)
+    try:
+        yield
+    finally:
+        pyggml._core._set_rules_enabled(was)
+
+
+def kernel_verdict(build) -> str:
+    """What the CPU kernel itself does with the node ``build(ctx)`` returns, rules off:
+    "ok" (ran clean in the guarded child), "abort" (GGMLAbort: an assertion, or a fault
+    such as SIGFPE) or "out-of-bounds" (a read or write past a tensor). The builder
+    itself may still raise (GGMLAbort): then "builder"."""
+    with rules_disabled(), pyggml.Context(64 << 20) as ctx:
+        try:
+            t = build(ctx)
+        except pyggml.GGMLAbort:
+            return "builder"
+        g = pyggml.Graph(ctx, 512)
+        g.build_forward_expand(t)
+        try:
+            pyggml._cpu.prove(g)
+        except pyggml.UpstreamDefect:
+            return "out-of-bounds"
+        except pyggml.GGMLAbort:
+            return "abort"
+        return "ok"
+
+
+@dataclasses.dataclass
+class Result:
+    out: np.ndarray          # ggml's result, float64 (or int), numpy order
+    ref: np.ndarray          # the reference, same shape
+    nmse: float
+    max_abs: float
+    tensor: Any              # the result Tensor (its context is closed: only for its op)
+    op: str                  # the result's op, as the table's `makes` spells it
+
+
+def nmse(out: np.ndarray, ref: np.ndarray) -> float:
+    """Σ(out−ref)²/Σref² (test-backend-ops' metric) over the finite entries of ref; inf
+    when out and ref disagree on which entries are finite (or on a non-finite value)."""
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    fin = np.isfinite(ref)
+    if not np.array_equal(fin, np.isfinite(out)) or not np.array_equal(out[~fin], ref[~fin]):
+        return math.inf
+    d = np.sum((out[fin] - ref[fin]) ** 2)
+    s = np.sum(ref[fin] ** 2)
+    return float(d / s) if s > 0 else float(d)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float -> bfloat16 bits (uint16), with ggml's own rounding."""
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
+    return pyggml.quantize(Type.BF16, flat).view(np.uint16).reshape(x.shape)
+
+
+def stored(arg: Arg) -> np.ndarray:
+    """The values an Arg has once stored in its ggml type (what the reference sees)."""
+    v = np.asarray(arg.value)
+    t = Type(arg.type)
+    if t == Type.F32:
+        return v.astype(np.float32).astype(np.float64)
+    if t == Type.F16:
+        return v.astype(np.float16).astype(np.float64)
+    if t == Type.BF16:
+        bits = _bf16(v)
+        return pyggml.dequantize(Type.BF16, bits, v.shape).astype(np.float64)
+    if t.is_quantized:
+        return pyggml.dequantize(t, pyggml.quantize(t, v.astype(np.float32)), v.shape).astype(np.float64)
+    return v.astype(t.numpy_dtype)
+
+
+def _raw(arg: Arg, values: np.ndarray) -> tuple[np.ndarray, Type | None]:
+    """The array to hand to from_numpy for these values, and the type= to pass."""
+    t = Type(arg.type)
+    if t == Type.BF16:
+        return _bf16(values), Type.BF16
+    if t.is_quantized:
+        return pyggml.quantize(t, values.astype(np.float32)), t
+    return values.astype(t.numpy_dtype), None
+
+
+def _tensor(ctx: pyggml.Context, arg: Arg) -> pyggml.Tensor:
+    values = stored(arg)
+    layout = arg.layout
+    if layout == "contiguous":
+        raw, t = _raw(arg, values)
+        return ctx.from_numpy(raw, type=t)
+    if layout == "transposed":
+        if values.ndim < 2:
+            raise ValueError("a transposed Arg needs 2 or more dims")
+        raw, t = _raw(arg, np.ascontiguousarray(np.swapaxes(values, -1, -2)))
+        return pyggml.transpose(ctx, ctx.from_numpy(raw, type=t))
+    if layout == "permuted":
+        lg = values.reshape((1,) * (4 - values.ndim) + values.shape).transpose(3, 2, 1, 0)   # ggml order
+        base = np.ascontiguousarray(lg.transpose(arg.perm).transpose(3, 2, 1, 0))          # numpy order
+        raw, t = _raw(arg, base)
+        return pyggml.permute(ctx, ctx.from_numpy(raw, type=t), *arg.perm)
+    if layout == "strided":
+        if Type(arg.type).is_quantized or values.ndim < 2:
+            raise ValueError("a strided Arg needs a plain type and 2 or more dims")
+        big = np.zeros(values.shape[:-1] + (2 * values.shape[-1],))
+        big[..., :values.shape[-1]] = values
+        raw, t = _raw(arg, big)
+        base = ctx.from_numpy(raw, type=t)
+        ne = tuple(reversed(values.shape)) + (1,) * (4 - values.ndim)
+        return pyggml.view_4d(ctx, base, *ne, base.nb[1], base.nb[2], base.nb[3], 0)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _nbytes_hint(sample: Sample) -> int:
+    n = 0
+    for a in sample.args:
+        if isinstance(a, Arg):
+            n += 16 * np.asarray(a.value).size + 4096
+    return n
+
+
+def read(t: pyggml.Tensor) -> np.ndarray:
+    """A result tensor's values as float64 (or int) in numpy order."""
+    typ = t.type
+    if typ == Type.BF16:
+        return pyggml.dequantize(Type.BF16, t.numpy().copy(), t.shape).astype(np.float64)
+    if typ.is_quantized:
+        return pyggml.dequantize(typ, t.blocks().copy(), t.shape).astype(np.float64)
+    a = t.numpy().copy()
+    return a.astype(np.float64) if a.dtype.kind == "f" else a
+
+
+def _made(t: pyggml.Tensor) -> str:
+    sub = t.sub_op
+    return f"{t.op}:{sub}" if sub else t.op
+
+
+def _shape4(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1,) * (4 - len(shape)) + tuple(shape)
+
+
+def _ref_args(sample: Sample) -> list[Any]:
+    return [stored(a) if isinstance(a, Arg) else a for a in sample.args]
+
+
+def _compare(info: OpInfo, out: np.ndarray, ref: Any, t: pyggml.Tensor) -> tuple[np.ndarray, float, float]:
+    ref = np.asarray(ref)
+    if _shape4(ref.shape) != _shape4(out.shape):
+        raise AssertionError(f"{info.op}: ggml's result has shape {out.shape}, the reference {ref.shape}")
+    ref = ref.reshape(out.shape)
+    if info.exact or out.dtype.kind in "iu":
+        err = 0.0 if np.array_equal(out, ref) else math.inf
+        return ref, err, float(np.max(np.abs(out.astype(np.float64) - ref))) if out.size else 0.0
+    err = nmse(out, ref)
+    fin = np.isfinite(ref) & np.isfinite(out)
+    max_abs = float(np.max(np.abs(out[fin] - ref[fin]))) if fin.any() else 0.0
+    return ref, err, max_abs
+
+
+def run(info: OpInfo, sample: Sample, n_threads: int = 1) -> Result:
+    """Compute one sample with ggml and with the reference."""
+    with pyggml.Context(_nbytes_hint(sample) + (16 << 20)) as ctx:
+        args = [_tensor(ctx, a) if isinstance(a, Arg) else a for a in sample.args]
+        t = getattr(pyggml, info.op)(ctx, *args)
+        g = pyggml.Graph(ctx, 256)
+        g.build_forward_expand(t)
+        g.compute(n_threads)
+        out = read(t)
+        made = _made(t)
+    ref, err, max_abs = _compare(info, out, info.ref(*_ref_args(sample)), t)
+    return Result(out, ref, err, max_abs, t, made)
+
+
+def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
+    """NMSE of ggml's gradient of sum(result * c) against central differences of the
+    reference, for each F32 contiguous Arg marked ``param``: {arg index: NMSE}."""
+    rng = np.random.default_rng(seed)
+    idx = [i for i, a in enumerate(sample.args)
+           if isinstance(a, Arg) and a.param and Type(a.type) == Type.F32 and a.layout == "contiguous"]
+    if not idx:
+        raise ValueError(f"{info.op}: the sample has no F32 contiguous param Arg")
+    base = _ref_args(sample)
+    ref0 = np.asarray(info.ref(*base), np.float64)
+    c = rng.standard_normal(ref0.shape)
+    with pyggml.Context(_nbytes_hint(sample) * 8 + (64 << 20)) as ctx:
+        tensors = {}
+        args = []
+        for i, a in enumerate(sample.args):
+            if isinstance(a, Arg):
+                t = _tensor(ctx, a)
+                if i in idx:
+                    pyggml.set_param(t)
+                    tensors[i] = t
+                args.append(t)
+            else:
+                args.append(a)
+        out = getattr(pyggml, info.op)(ctx, *args)
+        ct = ctx.from_numpy(c.astype(np.float32).reshape(out.shape))
+        loss = pyggml.sum(ctx, pyggml.mul(ctx, out, ct))
+        pyggml.set_loss(loss)
+        g = pyggml.Graph(ctx, 2048, grads=True)
+        g.build_forward_expand(loss)
+        g.build_backward_expand()
+        g.compute(1)
+        got = {}
+        for i, t in tensors.items():
+            gt = g.grad(t)
+            got[i] = np.zeros(t.shape) if gt is None else read(gt)
+
+    def loss_at(i: int, x: np.ndarray) -> float:
+        args = list(base)
+        args[i] = x
+        return float(np.sum(np.asarray(info.ref(*args), np.float64).reshape(ref0.shape) * c))
+
+    result = {}
+    for i in idx:
+        x = np.asarray(base[i], np.float64)
+        num = np.zeros_like(x)
+        for k in np.ndindex(x.shape):
+            h = 1e-6 * max(1.0, abs(x[k]))
+            xp, xm = x.copy(), x.copy()
+            xp[k] += h
+            xm[k] -= h
+            num[k] = (loss_at(i, xp) - loss_at(i, xm)) / (2 * h)
+        result[i] = nmse(np.asarray(got[i]).reshape(x.shape), num)
+    return result
