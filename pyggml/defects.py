@@ -106,6 +106,26 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
     ),
     Defect(
+        id="add1-quantized-batch",
+        title="ggml_add1 of a quantized tensor with ne3 > 1 writes the batches over each other",
+        ops=("ADD1",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_add1_q_f32: dst_row at i1*nb1 + i2*nb2 + i3*nb0 "
+              "(nb0 where nb3 belongs)",
+        action="refused with UpstreamDefect for a quantized src0 with ne3 > 1 (tests/test_rules_arith.py shows "
+               "the wrong values with the rule off)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="acc-bounds-check",
+        title="ggml_acc's bound check lets the last element end past the result",
+        ops=("ACC",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_acc_f32: GGML_ASSERT(offset + ... < ggml_nbytes(dst)) "
+              "checks where the last float starts, not where it ends",
+        action="refused with UpstreamDefect when the last element would end past the result (a write of up "
+               "to 3 bytes past it, which pyggml's guarded proof catches)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="kernel-out-of-bounds",
         title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
         ops=(),

@@ -1,0 +1,102 @@
+"""Both sides of the kernel rules of the [arith] family (pyggml/csrc/rules_arith.c):
+what a rule refuses, the CPU kernel itself gets wrong (rules off: an abort, an access
+out of bounds, or wrong values)."""
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
+
+
+def f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def compute(ctx, t):
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(t)
+    g.compute(1)
+    return read(t)
+
+
+def test_add1_of_a_quantized_batch_is_refused_and_really_wrong():
+    x = f32(2, 1, 3, 32)
+    q = pyggml.quantize(Type.Q8_0, x.reshape(-1, 32)).reshape(2, 1, 3, 34)
+    want = pyggml.dequantize(Type.Q8_0, q.reshape(-1, 34), (6, 32)).reshape(x.shape) + 1.5
+
+    def build(ctx):
+        return pyggml.add1(ctx, ctx.from_numpy(q, type=Type.Q8_0), ctx.from_numpy(np.array([1.5], np.float32)))
+
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.UpstreamDefect, match="writes batch i3 at i3\\*nb0") as e:
+            build(ctx)
+        assert e.value.defect == "add1-quantized-batch"
+        one = pyggml.add1(ctx, ctx.from_numpy(q[:1], type=Type.Q8_0), ctx.from_numpy(np.array([1.5], np.float32)))
+        np.testing.assert_allclose(compute(ctx, one), want[0, 0], atol=0.05)   # ne3 = 1: right
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        got = compute(ctx, build(ctx))
+    assert np.abs(got[1] - want[1]).max() > 1.0       # batch 1 lands on the wrong rows
+
+
+@pytest.mark.parametrize("a_type, b_type", [(Type.F32, Type.F16), (Type.F16, Type.BF16), (Type.I32, Type.F32)])
+def test_add1_types_the_kernel_does_not_take(a_type, b_type):
+    def build(ctx):
+        a = ctx.new_tensor(a_type, (4, 3))
+        b = ctx.new_tensor(b_type, (1,))
+        for t in (a, b):
+            if t.type != Type.BF16:
+                t.numpy()[...] = 1
+            else:
+                t.numpy()[...] = 0x3F80
+        return pyggml.add1(ctx, a, b)
+
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.GGMLTypeError, match="ADD1 node refused"):
+            build(ctx)
+    if a_type == Type.F32:
+        # add1_f32 reads the F16 scalar's bits as a float: no abort, a wrong value
+        with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+            assert not np.allclose(compute(ctx, build(ctx)), 2.0)
+    else:
+        assert kernel_verdict(build) == "abort"
+
+
+def test_acc_past_the_end_is_refused_and_really_out_of_bounds():
+    def build(ctx, offset):
+        return pyggml.acc(ctx, ctx.from_numpy(np.zeros((2, 4), np.float32)),
+                          ctx.from_numpy(np.ones(1, np.float32)), 16, 32, 32, offset)
+
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.UpstreamDefect, match="starts at byte 29 of a 32-byte result") as e:
+            build(ctx, 29)
+        assert e.value.defect == "acc-bounds-check"
+        with pytest.raises(pyggml.KernelPreconditionError, match="reaches byte 36 of a 32-byte result"):
+            build(ctx, 32)
+        with pytest.raises(pyggml.KernelPreconditionError, match="must be multiples of 4"):
+            build(ctx, 2)
+        with pytest.raises(pyggml.KernelPreconditionError, match="must be >= 0 and < 2\\^31"):
+            pyggml.acc(ctx, ctx.from_numpy(np.zeros((2, 4), np.float32)), ctx.from_numpy(np.ones(1, np.float32)),
+                       16, 32, 32, 1 << 31)
+        out = compute(ctx, build(ctx, 28))         # the last float, exactly: accepted and right
+        assert out.reshape(-1)[-1] == 1.0 and out.sum() == 1.0
+    assert kernel_verdict(lambda c: build(c, 29)) == "out-of-bounds"
+    assert kernel_verdict(lambda c: build(c, 32)) == "abort"
+
+
+def test_add_id_clamp_fill_types():
+    with pyggml.Context(1 << 20) as ctx:
+        a16 = ctx.from_numpy(np.zeros((3, 4), np.float16))
+        with pytest.raises(pyggml.GGMLTypeError, match="ADD_ID node refused"):
+            pyggml.add_id(ctx, a16, ctx.from_numpy(np.zeros((2, 4), np.float16)),
+                          ctx.from_numpy(np.zeros((1, 3), np.int32)))
+        bf = ctx.new_tensor(Type.BF16, (4, 3))
+        bf.numpy()[...] = 0
+        with pytest.raises(pyggml.GGMLTypeError, match="CLAMP node refused"):
+            pyggml.clamp(ctx, bf, 0.0, 1.0)
+    def build_clamp(ctx):
+        t = ctx.new_tensor(Type.BF16, (4, 3))
+        t.numpy()[...] = 0
+        return pyggml.clamp(ctx, t, 0.0, 1.0)
+    assert kernel_verdict(build_clamp) == "abort"
