@@ -76,6 +76,7 @@ from pyggml.errors import (
     GraphBusyError,
     GraphFullError,
     KernelPreconditionError,
+    UnsafeForkError,
     UpstreamDefect,
 )
 from pyggml.defects import known_defects
@@ -98,7 +99,7 @@ __all__ = [
     "GluOp", "Op", "OpPool", "Prec", "ScaleFlag", "ScaleMode", "SortOrder", "TriType", "Type", "UnaryOp",
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort", "GGMLError",
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",
-    "UpstreamDefect",
+    "UnsafeForkError", "UpstreamDefect",
     "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_set_prec", "ggml_version",
     "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_loss",

@@ -7,7 +7,10 @@ is another executor behind the same seam.
 """
 
 cimport cython
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport calloc, free
 
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
@@ -17,7 +20,8 @@ from pyggml._graph cimport Executor, Graph
 import os
 
 from pyggml import _graph
-from pyggml.errors import ArgumentError, ComputeError, GGMLAbort, GraphBusyError, UpstreamDefect
+from pyggml.errors import (ArgumentError, ComputeError, GGMLAbort, GraphBusyError, UnsafeForkError,
+                           UpstreamDefect)
 
 
 cdef int _default_threads():
@@ -158,13 +162,120 @@ cdef size_t _fab_work_size(Graph graph, int n_threads):
 
 cdef int _need_threads(object n_threads) except -1:
     if n_threads is None:
-        return _DEFAULT_N_THREADS
+        return 1 if _forked_after_omp else _DEFAULT_N_THREADS
     if type(n_threads) is int and 1 <= n_threads <= MAX_N_THREADS:
-        return n_threads
-    n = index_arg(n_threads, "n_threads", "compute")
-    if not 1 <= n <= MAX_N_THREADS:
-        raise ArgumentError(f"n_threads must be in [1, {MAX_N_THREADS}], got {n}")
+        n = n_threads
+    else:
+        n = index_arg(n_threads, "n_threads", "compute")
+        if not 1 <= n <= MAX_N_THREADS:
+            raise ArgumentError(f"n_threads must be in [1, {MAX_N_THREADS}], got {n}")
+    if n > 1 and _forked_after_omp:
+        raise UnsafeForkError(f"compute: n_threads={n} in a process forked after OpenMP threads ran in its "
+                              f"parent: libgomp cannot start threads here (it would hang). Compute with "
+                              f"n_threads=1 (the default in such a child), or start processes with "
+                              f"multiprocessing's 'spawn' or 'forkserver' method.")
     return n
+
+
+# --- computing: inline, or on a worker thread so Ctrl-C is prompt -----------------------
+
+# Graphs whose operands add up to at least this many elements compute on a worker thread
+# (pyggml_async): the caller waits in 50 ms slices, so a KeyboardInterrupt (or any
+# signal handler's exception) reaches Python within 50 ms even inside one long node;
+# ggml then stops after the node it is in, and the graph stays busy until it has.
+# Smaller graphs compute on the calling thread (a worker costs ~20 us to start).
+cdef int64_t ASYNC_MIN_ELEMS = 1 << 20
+cdef int WAIT_SLICE_MS = 50
+
+
+cdef extern from *:
+    int __atomic_sub_fetch(int * ptr, int val, int memorder) nogil
+    int __ATOMIC_ACQ_REL
+
+
+cdef struct _Async:
+    pyggml_async a
+    ggml_cplan plan
+    ggml_threadpool * tp
+    int refs            # the caller and the worker each hold one; the last frees
+    PyObject * keep     # (graph, storages, work buffer): alive until the worker is done
+
+
+cdef void _async_release(_Async * st) noexcept nogil:
+    if __atomic_sub_fetch(&st.refs, 1, __ATOMIC_ACQ_REL) == 0:
+        free(st)
+
+
+cdef void _async_done(void * p) noexcept nogil:
+    """On the worker, after the compute: give the graph and the threadpool back."""
+    cdef _Async * st = <_Async *>p
+    with gil:
+        keep = <object>st.keep
+        (<Graph>keep[0])._busy = False
+        _threadpool_release(st.tp)
+        Py_DECREF(keep)
+    _async_release(st)
+
+
+cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * tp, object keep) except *:
+    """Compute on a worker thread; wait interruptibly. On return, or on an exception
+    from a signal handler, the worker owns the graph's busy flag and the threadpool."""
+    cdef _Async * st = <_Async *>calloc(1, sizeof(_Async))
+    if st == NULL:
+        raise MemoryError()
+    cdef tuple held = (graph, keep)
+    st.plan = plan
+    st.tp = tp
+    st.refs = 2
+    st.keep = <PyObject *>held
+    Py_INCREF(held)
+    st.a.graph = graph.ptr
+    st.a.plan = &st.plan
+    st.a.on_done = _async_done
+    st.a.on_done_arg = st
+    cdef int rc = pyggml_async_start(&st.a), done = 0
+    if rc != 0:
+        Py_DECREF(held)
+        free(st)
+        raise OSError(rc, "compute: cannot start a worker thread")
+    cdef ggml_status status
+    try:
+        while not done:
+            with nogil:
+                done = pyggml_async_wait(&st.a, WAIT_SLICE_MS)
+            if not done:
+                PyErr_CheckSignals()       # raises what a signal handler raised (Ctrl-C)
+        status = <ggml_status>st.a.status
+    except BaseException:
+        pyggml_async_abort(&st.a)         # ggml stops after the current node
+        raise
+    finally:
+        _async_release(st)
+    return status
+
+
+# --- fork safety ---------------------------------------------------------------------
+# libgomp cannot start threads in a child forked after OpenMP threads ran in its
+# parent: a multi-threaded compute there would hang for ever. pyggml notices the fork
+# (os.register_at_fork) and computes on one thread by default in such a child; an
+# explicit n_threads > 1 there raises instead of hanging.
+cdef bint _omp_threads_ran = False
+cdef bint _forked_after_omp = False
+
+
+def _after_fork_in_child():
+    global _forked_after_omp, _tp, _tp_threads, _tp_busy
+    _forked_after_omp = _forked_after_omp or (_omp_threads_ran and _tp_allowed)
+    _tp = NULL          # the parent's (the memory stays: it is not this process's to free)
+    _tp_threads = 0
+    _tp_busy = False
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _forked_after_threads():
+    """True in a process forked after a multi-threaded (OpenMP) compute in its parent."""
+    return bool(_forked_after_omp)
 
 
 @cython.final
@@ -181,6 +292,7 @@ cdef class CpuExecutor(Executor):
         return planned if plan_only else max(planned, _fab_work_size(graph, n))
 
     cdef int run(self, Graph graph, object n_threads) except -1:
+        global _omp_threads_ran
         graph._check()
         cdef int n = _need_threads(n_threads)
         if graph._unallocated is not None:
@@ -195,6 +307,7 @@ cdef class CpuExecutor(Executor):
         cdef size_t work_size
         cdef Storage work = None
         cdef ggml_status status
+        cdef bint handed = False        # the worker thread owns busy and tp
         # keep every storage the graph touches alive while the GIL is released
         # (another thread may close a context meanwhile)
         cdef object keep = graph._keep_alive()
@@ -208,15 +321,21 @@ cdef class CpuExecutor(Executor):
             if work_size > 0:
                 work = Storage(work_size)
                 plan.work_data = <uint8_t *>work.ptr
-            if graph._node_elems <= SMALL_GRAPH_ELEMS:
+            if n > 1:
+                _omp_threads_ran = True
+            if graph._node_elems >= ASYNC_MIN_ELEMS:
+                handed = True
+                status = _compute_async(graph, plan, tp, (keep, work))
+            elif graph._node_elems <= SMALL_GRAPH_ELEMS:
                 # releasing and taking back the GIL costs more than such a graph takes
                 status = ggml_graph_compute(graph.ptr, &plan)
             else:
                 with nogil:
                     status = ggml_graph_compute(graph.ptr, &plan)
         finally:
-            _threadpool_release(tp)
-            graph._busy = False
+            if not handed:
+                _threadpool_release(tp)
+                graph._busy = False
         if status != GGML_STATUS_SUCCESS:
             name = ggml_status_to_string(status).decode()
             raise ComputeError(f"ggml_graph_compute failed: {name}", name)

@@ -33,7 +33,7 @@ cdef class Graph:
     cdef object _unallocated  # first tensor without data, or None
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
     cdef bint _busy           # a thread computes or changes the graph
-    cdef int64_t _node_elems  # elements of all nodes: a measure of a compute's size
+    cdef int64_t _node_elems  # the largest operand of each node, summed: a measure of a compute's size
     cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
 

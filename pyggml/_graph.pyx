@@ -45,6 +45,16 @@ cdef class Executor:
         raise NotImplementedError("Executor.work")
 
 
+cdef inline int64_t _work_elems(const ggml_tensor * p) noexcept:
+    """A cheap measure of a node's work: its largest operand's elements."""
+    cdef int64_t n = ggml_nelements(p)
+    if p.src[0] != NULL and ggml_nelements(p.src[0]) > n:
+        n = ggml_nelements(p.src[0])
+    if p.src[1] != NULL and ggml_nelements(p.src[1]) > n:
+        n = ggml_nelements(p.src[1])
+    return n
+
+
 cdef Executor _executor = None
 
 
@@ -182,7 +192,7 @@ cdef class Graph:
                     new_leafs += 1
                 else:
                     new_nodes += 1
-                    node_elems += ggml_nelements(p)
+                    node_elems += _work_elems(p)
                     rc = pyggml_check_node(p, msg, PYGGML_MSG_CAP, &defect)
                     if rc == PYGGML_UNCHECKED:
                         unchecked += 1
@@ -388,7 +398,7 @@ cdef class Graph:
                 self._n_leafs += 1
             else:
                 self._n_nodes += 1
-                self._node_elems += ggml_nelements(p)
+                self._node_elems += _work_elems(p)
                 if check_node(p, "build_backward_expand"):
                     self._unchecked += 1
                     self._unproven = True

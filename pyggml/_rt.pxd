@@ -50,3 +50,14 @@ cdef extern from "pyggml_rt.h" nogil:
                            int * how)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
+
+    ctypedef struct pyggml_async:
+        ggml_cgraph * graph
+        ggml_cplan * plan
+        void (*on_done)(void *) noexcept nogil
+        void * on_done_arg
+        int status
+        int done
+    int pyggml_async_start(pyggml_async * a)
+    int pyggml_async_wait(pyggml_async * a, int timeout_ms)
+    void pyggml_async_abort(pyggml_async * a)

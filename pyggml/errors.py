@@ -15,6 +15,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
     ├── GraphBusyError (RuntimeError)       another thread computes (or builds) this graph
+    ├── UnsafeForkError (RuntimeError)      threads requested where a fork left OpenMP unusable
     └── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
 
 No code in pyggml tells errors apart by their text: it catches these classes.
@@ -25,7 +26,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError",
-    "KernelPreconditionError", "UpstreamDefect",
+    "KernelPreconditionError", "UnsafeForkError", "UpstreamDefect",
 ]
 
 
@@ -90,6 +91,11 @@ class GGMLVersionError(GGMLError, NotImplementedError):
 
 class GraphBusyError(GGMLError, RuntimeError):
     """The graph is being computed (or changed) by another thread."""
+
+
+class UnsafeForkError(GGMLError, RuntimeError):
+    """A multi-threaded compute asked for in a process forked after OpenMP threads ran in
+    its parent, where libgomp cannot start threads (it would hang)."""
 
 
 class ComputeError(GGMLError, RuntimeError):

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* --- the abort guard ----------------------------------------------------------------------- */
 
@@ -196,4 +197,65 @@ int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * ds
         ok = 1;
     }
     return ok;
+}
+
+/* --- computing on a worker thread ------------------------------------------------------ */
+
+static bool async_abort_cb(void * data) {
+    pyggml_async * a = data;
+    return __atomic_load_n(&a->abort, __ATOMIC_RELAXED) != 0;
+}
+
+static void * async_main(void * p) {
+    pyggml_async * a = p;
+    a->plan->abort_callback = async_abort_cb;
+    a->plan->abort_callback_data = a;
+    int status = ggml_graph_compute(a->graph, a->plan);
+    pthread_mutex_lock(&a->mu);
+    a->status = status;
+    a->done = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (a->on_done != NULL) {
+        a->on_done(a->on_done_arg);      /* the caller's clean-up (it takes the GIL) */
+    }
+    return NULL;
+}
+
+int pyggml_async_start(pyggml_async * a) {
+    pthread_attr_t attr;
+    a->done = 0;
+    a->abort = 0;
+    a->status = 0;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&a->thread, &attr, async_main, a);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+int pyggml_async_wait(pyggml_async * a, int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (!a->done) {
+        if (pthread_cond_timedwait(&a->cv, &a->mu, &ts) != 0) {
+            break;
+        }
+    }
+    int done = a->done;
+    pthread_mutex_unlock(&a->mu);
+    return done;
+}
+
+void pyggml_async_abort(pyggml_async * a) {
+    __atomic_store_n(&a->abort, 1, __ATOMIC_RELAXED);
 }

@@ -80,6 +80,31 @@ PYGGML_RT_API int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgra
 PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                                       int64_t n_per_row, const float * imatrix);
 
+/* --- computing on a worker thread ----------------------------------------------------------
+ * So that a caller waiting for a long compute can return at once on Ctrl-C: the compute
+ * runs on a detached thread; the caller waits in slices (pyggml_async_wait) and checks
+ * for signals between them; pyggml_async_abort makes ggml stop after the current node
+ * (the plan's abort callback). on_done(on_done_arg) runs on the worker at the end, after
+ * done is set: the owner's clean-up (pyggml: releases the graph's memory and busy flag).
+ * The struct must live until then. */
+#include <pthread.h>
+typedef struct pyggml_async {
+    struct ggml_cgraph * graph;
+    struct ggml_cplan * plan;
+    void (*on_done)(void *);
+    void * on_done_arg;
+    int status;             /* ggml_status, valid once done */
+    int done;
+    int abort;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+} pyggml_async;
+
+PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an errno value */
+PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
+PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
+
 /* --- the forked dry run (a safety net) ---------------------------------------------------
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
  * a pipe into msg. Returns PYGGML_DRY_OK when the child exited 0; _SIGNAL when it died

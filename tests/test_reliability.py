@@ -1,0 +1,232 @@
+"""The ways to crash the interpreter that an adversarial review found, each now an
+exception or a working call. Each repro runs in a fresh interpreter: a crash is a
+failed test that shows the exit status, not a dead test run."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+
+
+def run_isolated(code, timeout=120):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd="/")
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_gradients_outlive_the_forward_context():
+    # build_backward_expand(X) makes gradients in X whose sources live in A: X now keeps
+    # A's memory; closing (or dropping) A leaves X's graphs working
+    out = run_isolated("""
+        import gc, numpy as np, pyggml
+        A = pyggml.Context(1 << 20)
+        X = pyggml.Context(1 << 20)
+        x = A.from_numpy(np.array([1.0, 2.0, 3.0], np.float32))
+        pyggml.set_param(x)
+        loss = pyggml.sum(A, pyggml.sqr(A, x))
+        pyggml.set_loss(loss)
+        G = pyggml.Graph(A, 64, grads=True)
+        G.build_forward_expand(loss)
+        G.build_backward_expand(X)
+        G.compute(1)
+        gx = G.grad(x)
+        A.close()
+        del A, x, loss, G
+        gc.collect()
+        g2 = pyggml.Graph(X, 64)
+        g2.build_forward_expand(pyggml.scale(X, gx, 1.0))
+        g2.compute(1)
+        print(g2.nodes[-1].numpy().tolist())
+    """)
+    assert out.strip() == "[2.0, 4.0, 6.0]"
+
+
+def test_one_graph_computes_in_one_thread_at_a_time_even_while_it_is_proven():
+    # the first compute of a graph with an op pyggml has no rule for is proven in a fork;
+    # the graph is busy from the start, so a second thread is refused, never overlaps
+    out = run_isolated("""
+        import threading, numpy as np, pyggml
+        from pyggml.opinfo.harness import rules_disabled
+        refused = ran = 0
+        for trial in range(20):
+            with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+                a = ctx.from_numpy(np.ones((64, 64), np.float32))
+                r = pyggml.mul_mat(ctx, a, a)
+                g = pyggml.Graph(ctx)
+                g.build_forward_expand(r)
+                results = []
+                def go():
+                    try:
+                        g.compute(2)
+                        results.append("ok")
+                    except pyggml.GraphBusyError:
+                        results.append("busy")
+                ts = [threading.Thread(target=go) for _ in range(2)]
+                for t in ts: t.start()
+                for t in ts: t.join()
+                refused += results.count("busy")
+                ran += results.count("ok")
+                assert float(r.numpy()[0, 0]) == 64.0
+        print(ran, refused)
+    """)
+    ran, refused = map(int, out.split())
+    assert ran + refused == 40 and ran >= 20
+
+
+def test_closing_a_context_while_another_thread_builds_its_backward_pass():
+    out = run_isolated("""
+        import threading, numpy as np, pyggml
+        errors = set()
+        for trial in range(30):
+            ctx = pyggml.Context(16 << 20)
+            x = ctx.from_numpy(np.ones((32, 32), np.float32))
+            pyggml.set_param(x)
+            loss = pyggml.sum(ctx, pyggml.mul_mat(ctx, x, x))
+            pyggml.set_loss(loss)
+            g = pyggml.Graph(ctx, 256, grads=True)
+            g.build_forward_expand(loss)
+            def build():
+                try:
+                    g.build_backward_expand()
+                    g.compute(1)
+                except pyggml.GGMLError as e:
+                    errors.add(type(e).__name__)
+            t = threading.Thread(target=build)
+            t.start()
+            ctx.close()
+            t.join()
+        print(sorted(errors))
+    """)
+    assert set(eval(out)) <= {"ContextClosedError"}
+
+
+def test_signals_during_the_forked_proof_do_not_turn_a_refusal_into_an_abort():
+    # a 0.5 ms interval timer with a no-op handler (what a sampling profiler does): the
+    # proof's read and waitpid are retried on EINTR, the child is reaped
+    out = run_isolated("""
+        import os, signal, numpy as np, pyggml
+        from pyggml.opinfo.harness import rules_disabled
+        signal.signal(signal.SIGALRM, lambda *a: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+        refused = 0
+        for _ in range(10):
+            with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+                t = ctx.new_tensor(pyggml.Type.BF16, (4, 3))
+                t.numpy()[...] = 0
+                g = pyggml.Graph(ctx)
+                g.build_forward_expand(pyggml.clamp(ctx, t, 0.0, 1.0))   # the kernel aborts on BF16
+                try:
+                    g.compute(1)
+                except pyggml.GGMLAbort:
+                    refused += 1
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        try:
+            os.waitpid(-1, os.WNOHANG)
+            print(refused, "unreaped child")
+        except ChildProcessError:
+            print(refused, "all reaped")
+    """)
+    assert out.strip() == "10 all reaped"
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_deep_graphs_do_not_overflow_the_stack(where):
+    # ggml walks graphs recursively: a chain of 140,000 nodes overflowed an 8 MiB stack;
+    # pyggml walks it on a thread with a stack sized for it
+    out = run_isolated(f"""
+        import threading, numpy as np, pyggml
+        def go():
+            n = 140_000
+            with pyggml.Context(n * 700 + (64 << 20)) as ctx:
+                x = ctx.from_numpy(np.array([1.0], np.float32))
+                t = x
+                for _ in range(n):
+                    t = pyggml.scale(ctx, t, 1.0)
+                g = pyggml.Graph(ctx, n + 16)
+                g.build_forward_expand(t)
+                g.compute(1)
+                print(g.n_nodes, float(t.numpy()[0]))
+        if "{where}" == "thread":
+            threading.stack_size(256 * 1024)
+            th = threading.Thread(target=go)
+            th.start()
+            th.join()
+        else:
+            go()
+    """, timeout=300)
+    assert out.split() == ["140000", "1.0"]
+
+
+def test_fork_after_a_multithreaded_compute():
+    # libgomp cannot start threads in such a child: pyggml computes on one thread there by
+    # default, and refuses more threads with a clear error instead of hanging
+    out = run_isolated("""
+        import multiprocessing as mp, numpy as np, pyggml
+        def work(n_threads):
+            with pyggml.Context(16 << 20) as ctx:
+                a = ctx.from_numpy(np.ones((128, 128), np.float32))
+                r = pyggml.mul_mat(ctx, a, a)
+                g = pyggml.Graph(ctx)
+                g.build_forward_expand(r)
+                try:
+                    g.compute(n_threads)
+                except pyggml.UnsafeForkError:
+                    return "refused"
+                return float(r.numpy()[0, 0])
+        print(work(2))
+        with mp.get_context("fork").Pool(2) as pool:
+            print(pool.map(work, [None, None, 1, 2]))
+    """, timeout=60)
+    first, pooled = out.strip().splitlines()
+    assert first == "128.0"
+    assert pooled == "[128.0, 128.0, 128.0, 'refused']"
+
+
+def test_ctrl_c_interrupts_a_long_compute_promptly():
+    out = run_isolated("""
+        import os, signal, threading, time, numpy as np, pyggml
+        n = 2048
+        with pyggml.Context(256 << 20) as ctx:
+            a = ctx.from_numpy(np.ones((n, n), np.float32))
+            r = a
+            for _ in range(12):
+                r = pyggml.mul_mat(ctx, a, r)
+            g = pyggml.Graph(ctx)
+            g.build_forward_expand(r)
+            sent = []
+            def interrupt():
+                sent.append(time.perf_counter())
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Timer(0.3, interrupt).start()
+            try:
+                g.compute(2)
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print(f"{time.perf_counter() - sent[0]:.4f}")
+            while True:                # busy until ggml finishes the node it is in
+                try:
+                    g.compute(1)
+                    break
+                except pyggml.GraphBusyError:
+                    time.sleep(0.05)
+            print("usable")
+    """, timeout=300)
+    latency, usable = out.split()
+    assert float(latency) < 0.1 and usable == "usable"
+
+
+def test_array_likes_and_huge_strides_raise_as_documented(ctx):
+    t = ctx.from_numpy([1.0, 2.0])                      # a list: float64
+    assert t.type == Type.F64 and t.numpy().tolist() == [1.0, 2.0]
+    a = ctx.new_tensor(Type.F32, (4, 3))
+    with pytest.raises(pyggml.ArgumentError, match="nb1 must be in"):
+        pyggml.view_2d(ctx, a, 2, 2, 2 ** 64, 0)
+    with pytest.raises(pyggml.GGMLTypeError):
+        ctx.from_numpy([object()])
