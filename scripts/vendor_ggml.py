@@ -116,7 +116,20 @@ def fetch_sdist(lock: dict[str, str]) -> Path:
     return cached
 
 
+def _inside(root: Path, target: Path) -> bool:
+    """Is target (resolved, no symlinks followed beyond root) inside root?"""
+    try:
+        target.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
 def _extract_subdir(sdist: Path, subdir: str, out: Path) -> None:
+    """Extract <top>/<subdir>/ of the sdist into out. Every member is checked here, on
+    every Python (tarfile's "data" filter is absent before 3.10.12 / 3.11.4): no absolute
+    or ``..`` names, only files, directories and links whose target stays inside."""
+    root = Path("/__sdist__")
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         for m in tar.getmembers():
@@ -124,15 +137,36 @@ def _extract_subdir(sdist: Path, subdir: str, out: Path) -> None:
             # <top>/<subdir>/... -> ...
             if ".." in parts or Path(m.name).is_absolute():
                 raise VendorError(f"{sdist.name}: unsafe member name {m.name!r}")
+            if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+                raise VendorError(f"{sdist.name}: {m.name!r} is not a file, directory or link")
+            if m.issym() or m.islnk():
+                base = root / Path(m.name).parent if m.issym() else root
+                target = Path(os.path.normpath(base / m.linkname))
+                if Path(m.linkname).is_absolute() or not _inside(root / parts[0] / subdir, target):
+                    raise VendorError(f"{sdist.name}: link {m.name!r} -> {m.linkname!r} points outside {subdir}/")
             if len(parts) >= 3 and parts[1] == subdir:
                 m.name = str(Path(*parts[2:]))
+                if m.islnk():
+                    m.linkname = str(Path(*Path(m.linkname).parts[2:]))
                 members.append(m)
         if not members:
             raise VendorError(f"{sdist.name} has no {subdir}/ folder")
-        if hasattr(tarfile, "data_filter"):      # Python >= 3.11.4, 3.10.12
+        if hasattr(tarfile, "data_filter"):      # Python >= 3.11.4, 3.10.12: a second line of defence
             tar.extractall(out, members=members, filter="data")
-        else:                                    # the names were checked above
+        else:                                    # everything was checked above
             tar.extractall(out, members=members)
+
+
+def _check_links(source: Path) -> None:
+    """A local tree may hold symlinks (a checkout does); each must point inside it."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames[:] = [d for d in dirnames if d != ".git" and not d.startswith("build")]
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                target = (path.parent / os.readlink(path)).resolve()
+                if not _inside(source, target):
+                    raise VendorError(f"{path} is a link to {os.readlink(path)}, outside {source}")
 
 
 def populate(dest: Path, source: Path | None = None, force: bool = False) -> Path:
@@ -147,7 +181,9 @@ def populate(dest: Path, source: Path | None = None, force: bool = False) -> Pat
             source = source.resolve()
             if not is_ggml_tree(source):
                 raise VendorError(f"{source} is not a ggml source tree (no CMakeLists.txt + include/ggml.h)")
-            shutil.copytree(source, tmp, dirs_exist_ok=True,
+            _check_links(source)
+            # links are copied as links (all checked to stay inside): never followed out
+            shutil.copytree(source, tmp, dirs_exist_ok=True, symlinks=True,
                             ignore=shutil.ignore_patterns(".git", "build*"))
             stamp = f"src:{source}\n"
         else:

@@ -28,13 +28,18 @@ vendor = load("vendor_ggml")
 ci = load("ci_upstream")
 
 
-def make_sdist(path, members):
+def make_sdist(path, members, links=()):
     with tarfile.open(path, "w:gz") as tar:
         for name, text in members.items():
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+        for name, target in links:
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -114,6 +119,45 @@ def test_unsafe_member_names_are_refused(tmp_path, cached_sdist, monkeypatch):
     with pytest.raises(vendor.VendorError, match="unsafe member name"):
         vendor.populate(tmp_path / "dest")
     assert not (tmp_path / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("link, target", [
+    ("pkg-1.0/ggml/src/up", ".."),                       # inside ggml/: allowed
+    ("pkg-1.0/ggml/src/passwd", "/etc/passwd"),           # absolute
+    ("pkg-1.0/ggml/src/out", "../../other/file.txt"),     # out of ggml/
+])
+def test_links_in_the_sdist_must_stay_inside(tmp_path, cached_sdist, link, target, monkeypatch):
+    cache, _ = cached_sdist
+    sha = make_sdist(cache / "pkg-1.0.tar.gz", GOOD, links=[(link, target)])
+    lockfile = vendor.LOCK
+    lockfile.write_text(lockfile.read_text().replace(cached_sdist[1], sha))
+    monkeypatch.delattr(vendor.tarfile, "data_filter", raising=False)    # as on Python 3.10.0-3.10.11
+    if target == "..":
+        dest = vendor.populate(tmp_path / "dest")
+        assert (dest / "src" / "up").is_symlink()
+        return
+    with pytest.raises(vendor.VendorError, match="points outside ggml/"):
+        vendor.populate(tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_links_in_a_local_tree_must_stay_inside(tmp_path):
+    src = tmp_path / "ggml-master"
+    (src / "include").mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text("project(ggml)\n")
+    (src / "include" / "ggml.h").write_text("/* h */\n")
+    (src / "include" / "alias.h").symlink_to("ggml.h")         # inside: copied as a link
+    dest = vendor.populate(tmp_path / "d1", source=src)
+    assert (dest / "include" / "alias.h").is_symlink()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside")
+    (src / "leak.txt").symlink_to(secret)
+    with pytest.raises(vendor.VendorError, match="is a link to .*secret.txt, outside"):
+        vendor.populate(tmp_path / "d2", source=src)
+    (src / "leak.txt").unlink()
+    (src / "up").symlink_to("..")                              # a loop out of the tree
+    with pytest.raises(vendor.VendorError, match="outside"):
+        vendor.populate(tmp_path / "d3", source=src)
 
 
 def test_populate_from_a_local_tree(tmp_path):
