@@ -52,6 +52,14 @@ include "enum_members.pxi"
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void ** memptr, size_t alignment, size_t size)
 
+cdef extern from "asan_hooks.h" nogil:
+    void pg_asan_reserve(void * pool, size_t used, size_t need, size_t size)
+    void pg_asan_release(void * pool, size_t size)
+    int pg_asan_enabled()
+
+
+ASAN = bool(pg_asan_enabled())    # built with AddressSanitizer (scripts/sanitize.py)
+
 cdef extern from "pyggml_config.h":
     const char * PYGGML_GGML_ORIGIN
     const char * PYGGML_GGML_CMAKE_VERSION
@@ -184,6 +192,8 @@ cdef class Storage:
         return 0
 
     def __dealloc__(self):
+        if self.ptr != NULL:
+            pg_asan_release(self.ptr, self.size)
         free(self.ptr)
         self.ptr = NULL
 

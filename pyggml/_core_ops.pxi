@@ -69,7 +69,11 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op) except
         t = ggml_get_next_tensor(_scratch, t)
     # objects other than tensors (none today) count as they are
     need += ggml_used_mem(_scratch) - headers
-    return 1 if ggml_used_mem(ctx.ptr) + need > ctx.mem_size else 0
+    cdef size_t used = ggml_used_mem(ctx.ptr)
+    if used + need > ctx.mem_size:
+        return 1
+    pg_asan_reserve(ctx.pool.ptr, used, need, ctx.mem_size)
+    return 0
 
 
 cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple names, tuple tensors) except -1:

@@ -147,6 +147,15 @@ def prove(Graph graph not None):
     _prove(graph)
 
 
+def _compute_without_proof(Graph graph not None, n_threads=1):
+    """_compute_without_proof(graph, n_threads=1)  (testing only: it can crash the process)
+
+    Compute without the guarded proof a graph with unchecked nodes would get: for the
+    sanitizer tests, which let a known overrun happen under AddressSanitizer."""
+    graph._unproven = False
+    graph.compute(n_threads)
+
+
 cdef size_t _fab_work_size(Graph graph, int n_threads):
     # Upstream defect (pyggml.defects "fab-work-size"): for FLASH_ATTN_BACK,
     # ggml_graph_plan reserves 4*max(D, Mup)*n_tasks floats (+ a cache line per

@@ -84,6 +84,7 @@ cdef class Graph:
         cdef size_t need = ggml_graph_overhead_custom(csize, cgrads)
         if ggml_used_mem(ctx.ptr) + need > ctx.mem_size:
             ctx._reserve(need, f"Graph(size={size})")        # raises, naming the size
+        ctx._reserve(need, "Graph")
         self.ptr = ggml_new_graph_custom(ctx.ptr, csize, cgrads)
         self.ctx = ctx
         self.size = csize
