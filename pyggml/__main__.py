@@ -31,8 +31,18 @@ def demo() -> int:
 
 def info() -> int:
     import pyggml
+    from pyggml import coverage, defects
 
-    print(json.dumps(pyggml.build_info(), indent=2))
+    ops = coverage.op_coverage()
+    builders = coverage.builder_coverage()
+    print(json.dumps({
+        "pyggml": pyggml.__version__,
+        **pyggml.build_info(),
+        "ops_wrapped": len(ops["wrapped"]),
+        "ops_not_wrapped": ops["not_wrapped"],
+        "builders_bound": len(builders["bound"]),
+        "known_defects": {d["id"]: d["title"] for d in defects.known_defects()},
+    }, indent=2))
     return 0
 
 

@@ -15,8 +15,10 @@ Each ``--ggml SPEC`` gets its own virtual environment and build directory:
 
 For each: install pyggml with its test extra, read the ggml version the built
 module reports, run the test suite and ``python -m pyggml parity --quick``.
-Prints the matrix, writes ``--json PATH`` (a list of ``{"spec", "ggml_version",
-"built", "tests_ok", "parity_ok", ...}``) and exits non-zero if anything failed.
+Prints the matrix and, per spec, the ops and builders its ggml has that the first
+spec's does not (or lacks), and the measurements of the defect registry's probes;
+writes ``--json PATH`` (a list of ``{"spec", "ggml_version", "built", "tests_ok",
+"parity_ok", "ops", "builders", "defects", ...}``); exits non-zero if anything failed.
 With no ``--ggml``: vendored plus three prebuilt releases.
 
 Run: ``python scripts/ci_upstream.py [--ggml SPEC ...] [--json matrix.json]``
@@ -38,6 +40,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPECS = ["vendored", "pypi:libggml-python==0.9.4", "pypi:libggml-python==0.13.1",
                  "pypi:libggml-python==0.17.0"]
+
+
+# what the built pyggml says about the linked ggml: its ops (op_coverage), the
+# builders of the table it binds, and the defect registry's probes
+OPS_PROBE = """
+import json, pyggml, pyggml.coverage, pyggml.defects
+print(json.dumps({"ops": pyggml.op_coverage(), "builders": pyggml.coverage.builder_coverage(),
+                  "defects": {k: v for k, v in pyggml.defects.probe_all().items() if v is not None}}))
+"""
 
 
 def slug(spec: str) -> str:
@@ -130,12 +141,13 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
         if pjson.exists():
             doc = json.loads(pjson.read_text())
             row["worst_nmse"] = doc["worst_nmse"]
-            overrun = doc.get("meta", {}).get("upstream_defects", {}).get("fab_batch_gqa_oob_bytes")
-            if overrun:
-                row["known_defects"] = [f"FLASH_ATTN_BACK batch+GQA writes {overrun} B past its result "
-                                        f"({doc['refused']} comparisons refused)"]
-            elif overrun == 0:
-                row["known_defects"] = ["FLASH_ATTN_BACK batch+GQA: probe saw no overrun (still refused)"]
+        ops = step.run([py, "-c", OPS_PROBE], env=env, cwd=out)
+        if ops.returncode == 0:
+            probe = json.loads(ops.stdout.strip().splitlines()[-1])
+            row["ops"] = probe["ops"]
+            row["builders"] = probe["builders"]
+            row["defects"] = probe["defects"]
+            row["known_defects"] = [f"{k}: {v}" for k, v in probe["defects"].items() if v]
         return row
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -152,6 +164,32 @@ def table(rows: list[dict]) -> str:
         out.append(f"{r['spec']:32s} {r['ggml_version'] or '-':>8s} {yn(r['built']):>6s} "
                    f"{yn(r['tests_ok']):>6s} {yn(r['parity_ok']):>7s} {nm:>11s} {r['seconds']:7.1f}  "
                    f"{'; '.join(r['known_defects']) or '-'}")
+    return "\n".join(out)
+
+
+def op_changes(rows: list[dict]) -> str:
+    """Per spec, against the first: ops the linked ggml has or lacks, builders the table
+    cannot bind (absent or another signature), builders of the header the table lacks."""
+    base = next((r for r in rows if r.get("ops")), None)
+    if base is None:
+        return "ops: no spec reported its ops"
+    bops = set(base["ops"]["wrapped"]) | set(base["ops"]["not_wrapped"])
+    bnot = set(base["builders"]["not_bound"])
+    out = [f"ops per ggml, against {base['spec']} (ggml {base['ggml_version']}):"]
+    for r in rows:
+        if not r.get("ops") or r is base:
+            continue
+        ops = set(r["ops"]["wrapped"]) | set(r["ops"]["not_wrapped"])
+        new, gone = sorted(ops - bops), sorted(bops - ops)
+        changed = {k: v for k, v in r["builders"]["not_bound"].items() if k not in bnot}
+        out.append(f"  {r['spec']} (ggml {r['ggml_version']}): {len(r['ops']['wrapped'])} ops wrapped, "
+                   f"{len(r['builders']['bound'])} builders bound")
+        out.append(f"    new ops: {', '.join(new) or '-'}")
+        out.append(f"    removed ops: {', '.join(gone) or '-'}")
+        for name, why in sorted(changed.items()):
+            out.append(f"    not bound: {name}: {why}")
+        if r["builders"]["header_only"]:
+            out.append(f"    builders only in its header: {', '.join(r['builders']['header_only'])}")
     return "\n".join(out)
 
 
@@ -178,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     print()
     print(table(rows))
+    print()
+    print(op_changes(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     failed = [r["spec"] for r in rows if not (r["built"] and r["tests_ok"] and r["parity_ok"])]

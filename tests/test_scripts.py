@@ -205,6 +205,23 @@ def test_matrix_table_marks_failures():
     assert table[2].count("NO") == 3
 
 
+def test_matrix_reports_op_changes_between_specs():
+    base = dict(spec="vendored", ggml_version="0.20.2",
+                ops={"wrapped": ["GGML_OP_ADD", "GGML_OP_CUMSUM"], "not_wrapped": {"GGML_OP_NONE": "leaf"}},
+                builders={"bound": ["add", "cumsum", "ssm_scan"], "not_bound": {}, "header_only": []})
+    old = dict(spec="pypi:libggml-python==0.9.4", ggml_version="0.9.4",
+               ops={"wrapped": ["GGML_OP_ADD"], "not_wrapped": {"GGML_OP_NONE": "leaf", "GGML_OP_OLD": "x"}},
+               builders={"bound": ["add"], "not_bound": {"cumsum": "this ggml has no ggml_cumsum",
+                                                        "ssm_scan": "ggml_ssm_scan of this ggml takes (...)"},
+                         "header_only": ["ggml_legacy"]})
+    text = ci.op_changes([base, old, dict(spec="broken", ggml_version=None)])
+    assert "new ops: GGML_OP_OLD" in text and "removed ops: GGML_OP_CUMSUM" in text
+    assert "not bound: cumsum: this ggml has no ggml_cumsum" in text
+    assert "not bound: ssm_scan: ggml_ssm_scan of this ggml takes" in text
+    assert "builders only in its header: ggml_legacy" in text
+    assert "broken" not in text
+
+
 def test_borrow_numpy_errors():
     with pyggml.Context(1 << 20) as ctx:
         with pytest.raises(ValueError, match="needs a no_alloc context"):
