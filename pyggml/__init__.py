@@ -56,7 +56,9 @@ from pyggml._core import (
     ggml_version,
     mul_mat_set_prec,
     quantize,
+    set_input,
     set_loss,
+    set_output,
     set_param,
 )
 from pyggml._graph import Graph
@@ -102,7 +104,7 @@ __all__ = [
     "UnsafeForkError", "UpstreamDefect",
     "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_set_prec", "ggml_version",
-    "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_loss",
-    "set_param",
+    "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",
+    "set_output", "set_param",
     *_op_names,
 ]

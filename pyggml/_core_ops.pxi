@@ -237,6 +237,22 @@ def set_loss(t):
     ggml_set_loss(tensor.ptr)
 
 
+def set_output(t):
+    """set_output(t): mark ``t`` as an output of the graphs it is in (``ggml_set_output``):
+    ggml then writes it whatever it fuses. As in ggml, a tensor computed inside a graph
+    is only guaranteed to hold its values if it is an output; ``Graph.build_forward_expand``
+    marks the tensor it is given. (The CPU backend fuses RMS_NORM + MUL and never writes
+    the RMS_NORM's own result.)"""
+    cdef Tensor tensor = arg_tensor(t, "t", "set_output")
+    ggml_set_output(tensor.ptr)
+
+
+def set_input(t):
+    """set_input(t): mark ``t`` as an input (``ggml_set_input``), for graph allocators."""
+    cdef Tensor tensor = arg_tensor(t, "t", "set_input")
+    ggml_set_input(tensor.ptr)
+
+
 def mul_mat_set_prec(a, prec):
     """mul_mat_set_prec(a, prec): the precision (:class:`Prec`) of a MUL_MAT node ``a``
     (``ggml_mul_mat_set_prec``; the CPU backend computes in F32 either way)."""

@@ -141,6 +141,8 @@ cdef extern from "_compat.h" nogil:
     ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)
     void * ggml_new_buffer(ggml_context * ctx, size_t nbytes)
     void ggml_set_param(ggml_tensor * tensor)
+    void ggml_set_output(ggml_tensor * tensor)
+    void ggml_set_input(ggml_tensor * tensor)
     void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_set_loss(ggml_tensor * tensor)

@@ -138,7 +138,10 @@ cdef class Graph:
         return keep
 
     def build_forward_expand(self, t):
-        """build_forward_expand(t): add ``t`` and everything it depends on to the graph.
+        """build_forward_expand(t): add ``t`` and everything it depends on to the graph,
+        and mark ``t`` as an output (``ggml_set_output``): like ggml, pyggml only
+        guarantees the values of outputs after compute (the CPU backend fuses some op
+        pairs, RMS_NORM + MUL, and skips writing the first); see :func:`set_output`.
 
         Raises GraphFullError, and leaves the graph as it was, when the new nodes or
         leafs would not fit its ``size`` (ggml would abort); a node whose CPU kernel
@@ -222,6 +225,9 @@ cdef class Graph:
         if rc != 1:   # counted and checked above: ggml cannot abort here
             raise RuntimeError(f"build_forward_expand: ggml failed after pyggml's checks (please report): "
                                f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
+        if tensor.ptr.op != GGML_OP_NONE:
+            # what the caller asked for holds its values after compute, fused or not
+            ggml_set_output(tensor.ptr)
         if unchecked:
             self._unchecked += unchecked
             self._unproven = True

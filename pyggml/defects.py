@@ -126,6 +126,25 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
     ),
     Defect(
+        id="count-equal-row-index",
+        title="COUNT_EQUAL counts the wrong rows of 3-D and 4-D tensors, and can read outside them",
+        ops=("COUNT_EQUAL",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_count_equal_i32: i02 = (ir - i03*ne03)/ne01 and "
+              "i01 = ir - i03*ne03 - i02*ne02, where i03*ne02*ne01 and i02*ne01 belong",
+        action="refused with UpstreamDefect unless (ne03 == 1 or ne03 == ne01*ne02) and (ne02 == 1 or "
+               "ne02 == ne01), the shapes where the index is right (checked exhaustively); reshape to 2-D",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="mean-grad-accumulate",
+        title="the backward pass of ggml_mean aborts when its input also has another gradient",
+        ops=("MEAN",),
+        where="ggml.c ggml_compute_backward, case GGML_OP_MEAN: ggml_add1_or_set with a [1, ne1, ne2, ne3] "
+              "gradient; when src0 already has one, ggml_add1_impl asserts ggml_is_scalar(b)",
+        action="build_backward_expand refuses such a graph with UpstreamDefect before ggml would abort",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="kernel-out-of-bounds",
         title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
         ops=(),

@@ -179,3 +179,25 @@ def test_backward_graph_computes_repeatedly(ctx):
     for _ in range(3):
         g.compute(2)
         np.testing.assert_array_equal(g.grad(x).numpy(), [2.0, 4.0])
+
+
+def test_mean_of_a_tensor_with_another_gradient_is_refused_as_a_known_defect(ctx):
+    p = ctx.from_numpy(np.ones((3, 4), np.float32))
+    pyggml.set_param(p)
+    loss = pyggml.add(ctx, pyggml.sum(ctx, pyggml.mean(ctx, p)), pyggml.sum(ctx, pyggml.sqr(ctx, p)))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, 64, grads=True)
+    g.build_forward_expand(loss)
+    with pytest.raises(pyggml.UpstreamDefect, match="node 1 \\(MEAN\\) of a tensor that node") as e:
+        g.build_backward_expand()
+    assert e.value.defect == "mean-grad-accumulate"
+    # the mean alone differentiates: d/dp sum(mean(p)) = 1/4 everywhere
+    q = ctx.from_numpy(np.ones((3, 4), np.float32))
+    pyggml.set_param(q)
+    loss2 = pyggml.sum(ctx, pyggml.mean(ctx, q))
+    pyggml.set_loss(loss2)
+    g2 = pyggml.Graph(ctx, 64, grads=True)
+    g2.build_forward_expand(loss2)
+    g2.build_backward_expand()
+    g2.compute(1)
+    np.testing.assert_allclose(g2.grad(q).numpy(), np.full((3, 4), 0.25))

@@ -283,3 +283,30 @@ def test_no_memory_grows_over_many_cycles():
     # measured here: 0 bytes of growth; a leaked pool would be 1 MiB a cycle, and a
     # leaked 64-byte object a cycle would be 1.2 MiB over the loop
     assert rss_bytes() - before < 1 << 20
+
+
+def test_only_outputs_are_guaranteed_after_compute(ctx):
+    # the CPU backend fuses RMS_NORM + MUL and never writes the RMS_NORM's result; the
+    # tensors given to build_forward_expand (outputs) always hold their values
+    x = ctx.from_numpy((np.arange(12, dtype=np.float32) + 1).reshape(3, 4))
+    w = ctx.from_numpy(np.full(4, 2.0, np.float32))
+    want = x.numpy() / np.sqrt(np.mean(x.numpy() ** 2, axis=1, keepdims=True) + 1e-6)
+    r = pyggml.rms_norm(ctx, x, 1e-6)
+    y = pyggml.mul(ctx, r, w)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(y)
+    g.compute(1)
+    np.testing.assert_allclose(y.numpy(), 2 * want, rtol=1e-5)
+    r2 = pyggml.rms_norm(ctx, x, 1e-6)
+    y2 = pyggml.mul(ctx, r2, w)
+    g2 = pyggml.Graph(ctx)
+    g2.build_forward_expand(r2)          # an output: not fused away
+    g2.build_forward_expand(y2)
+    g2.compute(1)
+    np.testing.assert_allclose(r2.numpy(), want, rtol=1e-5)
+    r3 = pyggml.rms_norm(ctx, x, 1e-6)
+    pyggml.set_output(r3)                 # the same, marked by hand
+    g3 = pyggml.Graph(ctx)
+    g3.build_forward_expand(pyggml.mul(ctx, r3, w))
+    g3.compute(1)
+    np.testing.assert_allclose(r3.numpy(), want, rtol=1e-5)

@@ -32,15 +32,37 @@ static int ignored_src(const struct ggml_tensor * t, int j) {
     return 0;
 }
 
+static int ptrset_has(pg_ptrset * s, const void * p) {
+    int added = pg_ptrset_add(s, (uintptr_t) p);
+    if (added == 1) {
+        pg_ptrset_discard(s, (uintptr_t) p);
+    }
+    return added == 0;
+}
+
 int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect) {
     pg_why why = {msg, cap, NULL};
-    pg_ptrset needs = {0};
+    pg_ptrset needs = {0};      /* tensors whose gradient is needed (params and what they feed) */
+    pg_ptrset has = {0};        /* nodes that get a gradient (a loss, or what feeds one) */
     int rc = PYGGML_OK;
     *defect = NULL;
     if (cap > 0) {
         msg[0] = '\0';
     }
     int n = ggml_graph_n_nodes(graph);
+    /* backwards from the losses: which nodes ggml_compute_backward will see a gradient of */
+    for (int i = n - 1; i >= 0; i--) {
+        struct ggml_tensor * t = ggml_graph_node(graph, i);
+        if (!(t->flags & GGML_TENSOR_FLAG_LOSS) && !ptrset_has(&has, t)) {
+            continue;
+        }
+        pg_ptrset_add(&has, (uintptr_t) t);
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            if (t->src[j] != NULL && !ignored_src(t, j)) {
+                pg_ptrset_add(&has, (uintptr_t) t->src[j]);
+            }
+        }
+    }
     for (int i = 0; i < n && rc == PYGGML_OK; i++) {
         struct ggml_tensor * t = ggml_graph_node(graph, i);
         if (t->type == GGML_TYPE_I32) {
@@ -50,21 +72,18 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
         int src_needs[GGML_MAX_SRC] = {0};
         for (int j = 0; j < GGML_MAX_SRC; j++) {
             struct ggml_tensor * s = t->src[j];
-            if (s != NULL && !ignored_src(t, j)) {
-                /* a membership test: add, and undo if it was not there */
-                int added = pg_ptrset_add(&needs, (uintptr_t) s);
-                if (added == 1) {
-                    pg_ptrset_discard(&needs, (uintptr_t) s);
-                } else if (added == 0) {
-                    src_needs[j] = 1;
-                    need = 1;
-                }
+            if (s != NULL && !ignored_src(t, j) && ptrset_has(&needs, s)) {
+                src_needs[j] = 1;
+                need = 1;
             }
         }
         if (!need) {
             continue;
         }
         pg_ptrset_add(&needs, (uintptr_t) t);
+        if (!ptrset_has(&has, t)) {
+            continue;           /* no gradient flows back through this node */
+        }
         /* ggml.c, case GGML_OP_ADD1: the gradient of the scalar b is ggml_mean(grad), not its sum */
         if (op_is(t, "ADD1") && src_needs[1]) {
             why.defect = "add1-grad-mean";
@@ -82,8 +101,29 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
                            (long long) t->src[0]->ne[0], (long long) t->src[0]->ne[1],
                            (long long) t->src[0]->ne[2], (long long) t->src[0]->ne[3]);
         }
+        /* ggml.c, case GGML_OP_MEAN: ggml_add1_or_set of a [1, ne1, ne2, ne3] gradient: when src0
+         * already has a gradient (from a later node, the backward pass runs in reverse), that is
+         * ggml_add1 of a non-scalar, which asserts */
+        if (op_is(t, "MEAN") && src_needs[0] && ggml_nelements(t) > 1) {
+            for (int k = i + 1; k < n && rc == PYGGML_OK; k++) {
+                struct ggml_tensor * u = ggml_graph_node(graph, k);
+                if (!ptrset_has(&has, u)) {
+                    continue;
+                }
+                for (int j = 0; j < GGML_MAX_SRC; j++) {
+                    if (u->src[j] == t->src[0] && !ignored_src(u, j)) {
+                        why.defect = "mean-grad-accumulate";
+                        rc = pg_refuse(&why, "node %d (MEAN) of a tensor that node %d (%s) also uses: ggml's "
+                                       "backward pass would add the mean's gradient with ggml_add1, which takes "
+                                       "a scalar only, and abort", i, k, ggml_op_name(u->op));
+                        break;
+                    }
+                }
+            }
+        }
     }
     pg_ptrset_free(&needs);
+    pg_ptrset_free(&has);
     *defect = why.defect;
     return rc;
 }
