@@ -20,7 +20,7 @@ from pyggml._graph cimport Executor, Graph
 import os
 
 from pyggml import _graph
-from pyggml.errors import (ArgumentError, ComputeError, GGMLAbort, GraphBusyError, UnsafeForkError,
+from pyggml.errors import (ArgumentError, ComputeError, GGMLAbort, GGMLVersionError, GraphBusyError, UnsafeForkError,
                            UpstreamDefect)
 
 
@@ -226,6 +226,15 @@ cdef void _async_done(void * p) noexcept nogil:
     _async_release(st)
 
 
+cdef int _raise_checked(int rc, const char * msg) except -1:
+    """After pyggml_compute_checked: raise for an index out of range (nothing after it ran)."""
+    if rc == PYGGML_REFUSED:
+        raise ArgumentError(f"compute: {msg.decode('utf-8', 'replace')} (the nodes before it have run)")
+    if rc == PYGGML_UNCHECKED:
+        raise GGMLVersionError(f"compute: {msg.decode('utf-8', 'replace')}")
+    return 0
+
+
 cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * tp, object keep) except *:
     """Compute on a worker thread; wait interruptibly. On return, or on an exception
     from a signal handler, the worker owns the graph's busy flag and the threadpool."""
@@ -242,6 +251,7 @@ cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * 
     st.a.plan = &st.plan
     st.a.on_done = _async_done
     st.a.on_done_arg = st
+    st.a.checked = graph._index_ops > 0
     cdef int rc = pyggml_async_start(&st.a), done = 0
     if rc != 0:
         Py_DECREF(held)
@@ -255,6 +265,8 @@ cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * 
             if not done:
                 PyErr_CheckSignals()       # raises what a signal handler raised (Ctrl-C)
         status = <ggml_status>st.a.status
+        if st.a.checked:
+            _raise_checked(st.a.check_rc, st.a.check_msg)
     except BaseException:
         pyggml_async_abort(&st.a)         # ggml stops after the current node
         raise
@@ -317,6 +329,8 @@ cdef class CpuExecutor(Executor):
         cdef Storage work = None
         cdef ggml_status status
         cdef bint handed = False        # the worker thread owns busy and tp
+        cdef char msg[PYGGML_MSG_CAP]
+        cdef int rc, ist
         # keep every storage the graph touches alive while the GIL is released
         # (another thread may close a context meanwhile)
         cdef object keep = graph._keep_alive()
@@ -335,6 +349,12 @@ cdef class CpuExecutor(Executor):
             if graph._node_elems >= ASYNC_MIN_ELEMS:
                 handed = True
                 status = _compute_async(graph, plan, tp, (keep, work))
+            elif graph._index_ops:
+                # index ops: their indices are checked right before each runs
+                with nogil:
+                    rc = pyggml_compute_checked(graph.ptr, &plan, msg, PYGGML_MSG_CAP, &ist)
+                status = <ggml_status>ist
+                _raise_checked(rc, msg)
             elif graph._node_elems <= SMALL_GRAPH_ELEMS:
                 # releasing and taking back the GIL costs more than such a graph takes
                 status = ggml_graph_compute(graph.ptr, &plan)

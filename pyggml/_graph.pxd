@@ -34,6 +34,7 @@ cdef class Graph:
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
     cdef bint _busy           # a thread computes or changes the graph
     cdef int64_t _node_elems  # the largest operand of each node, summed: a measure of a compute's size
+    cdef int _index_ops       # nodes that read positions from a tensor's values (get_rows, ...)
     cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
 

@@ -157,6 +157,7 @@ cdef class Graph:
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
         cdef int64_t fab_mxdm = 0, node_elems = 0
+        cdef int index_ops = 0
         # One buffer: the DFS stack grows from the front, the added list from the back.
         # Small graphs use the array on the C stack; larger ones move to the heap.
         cdef ggml_tensor * local[64]
@@ -197,6 +198,8 @@ cdef class Graph:
                 else:
                     new_nodes += 1
                     node_elems += _work_elems(p)
+                    if pyggml_index_tensor(p) != NULL:
+                        index_ops += 1
                     rc = pyggml_check_node(p, msg, PYGGML_MSG_CAP, &defect)
                     if rc == PYGGML_UNCHECKED:
                         unchecked += 1
@@ -234,6 +237,7 @@ cdef class Graph:
         self._n_nodes += new_nodes
         self._n_leafs += new_leafs
         self._node_elems += node_elems
+        self._index_ops += index_ops
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
         self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
@@ -406,6 +410,8 @@ cdef class Graph:
             else:
                 self._n_nodes += 1
                 self._node_elems += _work_elems(p)
+                if pyggml_index_tensor(p) != NULL:
+                    self._index_ops += 1
                 if check_node(p, "build_backward_expand"):
                     self._unchecked += 1
                     self._unproven = True

@@ -33,6 +33,9 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_checks_set_enabled(int enabled)
     int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
+    ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
+    int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)
+    int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, char * msg, size_t cap, int * status)
 
     int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,
                                         size_t stack_bytes)
@@ -54,6 +57,9 @@ cdef extern from "pyggml_rt.h" nogil:
     ctypedef struct pyggml_async:
         ggml_cgraph * graph
         ggml_cplan * plan
+        int checked
+        int check_rc
+        char check_msg[1]
         void (*on_done)(void *) noexcept nogil
         void * on_done_arg
         int status

@@ -210,7 +210,12 @@ static void * async_main(void * p) {
     pyggml_async * a = p;
     a->plan->abort_callback = async_abort_cb;
     a->plan->abort_callback_data = a;
-    int status = ggml_graph_compute(a->graph, a->plan);
+    int status;
+    if (a->checked) {
+        a->check_rc = pyggml_compute_checked(a->graph, a->plan, a->check_msg, sizeof a->check_msg, &status);
+    } else {
+        status = ggml_graph_compute(a->graph, a->plan);
+    }
     pthread_mutex_lock(&a->mu);
     a->status = status;
     a->done = 1;

@@ -91,6 +91,9 @@ PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * 
 typedef struct pyggml_async {
     struct ggml_cgraph * graph;
     struct ggml_cplan * plan;
+    int checked;            /* compute through pyggml_compute_checked (index ops) */
+    int check_rc;           /* its result */
+    char check_msg[PYGGML_MSG_CAP];
     void (*on_done)(void *);
     void * on_done_arg;
     int status;             /* ggml_status, valid once done */
@@ -146,6 +149,20 @@ PYGGML_RT_API void pyggml_checks_init(void);
  * NULL) or _UNCHECKED. */
 PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg, size_t cap,
                                     const char ** defect);
+/* Index data (indices.c): the source of an op that holds positions into another tensor
+ * (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID, SSM_SCAN, ...), or NULL; and a check of its
+ * values, to run right before the node computes: PYGGML_OK, or PYGGML_REFUSED with the
+ * first index out of range in msg. */
+PYGGML_RT_API struct ggml_tensor * pyggml_index_tensor(const struct ggml_tensor * node);
+PYGGML_RT_API int pyggml_check_indices(const struct ggml_tensor * node, char * msg, size_t cap);
+/* ggml_graph_compute, with every index op's indices checked before the node runs: those
+ * that exist before the compute first, those the graph computes between segments of it.
+ * PYGGML_OK (then *status is ggml's), PYGGML_REFUSED (msg: the first bad index; nothing
+ * after it ran), or PYGGML_UNCHECKED (this ggml cannot run segments; nothing ran). */
+struct ggml_cplan;
+PYGGML_RT_API int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg,
+                                         size_t cap, int * status);
+
 /* Known defects of ggml's backward pass that this forward graph would hit (pyggml.defects):
  * PYGGML_OK, or PYGGML_REFUSED with the defect's id in *defect and why in msg. */
 PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect);
