@@ -152,6 +152,27 @@ def test_rope_vision_n_dims():
     assert kernel_verdict(build) == "abort"
 
 
+def test_rope_vision_section_after_an_empty_one():
+    # ggml_mrope_cache_init restarts each VISION section's angles with an else-if chain on
+    # the section starts: after an empty h section, w starts where h does, h's branch wins,
+    # and w's angles go on from the t section's
+    x = f32(2, 2, 8)
+    pos = np.arange(1, 9, dtype=np.int32)
+    build = rope_build(x, pos, 4, A.ROPE_VISION, sections=(2, 0, 2, 0))
+    refused(build, pyggml.UpstreamDefect, r"VISION sections \(2, 0, 2, 0\): a section after an empty one",
+            defect="rope-vision-section-reset")
+    got = compute_rules_off(build)
+    want = A.rope_reference(x, pos, None, 4, (2, 0, 2, 0), A.ROPE_VISION)
+    bad = ~np.isclose(got, want, rtol=1e-5, atol=1e-6)
+    assert bad[..., [2, 3, 6, 7]].any() and not bad[..., [0, 1, 4, 5]].any()   # the w pairs (2, 6), (3, 7)
+    # what the kernel computes: the w pairs' angles counted from the start of the row
+    # (pairs 2, 3 turn by p_w * theta_scale**2, **3 instead of **0, **1: frequency factors
+    # of theta_scale**-2 say the same to the reference)
+    theta_scale = 10000.0 ** (-2 / 4)
+    c = np.array([1.0, 1.0, theta_scale ** -2, theta_scale ** -2])
+    assert nmse(got, A.rope_reference(x, pos, c, 4, (2, 0, 2, 0), A.ROPE_VISION)) < 1e-10
+
+
 @pytest.mark.parametrize("mode, n_dims", [(A.ROPE_NORMAL, 2), (A.ROPE_NEOX, 4)])
 def test_rope_odd_ne0_runs_past_the_rows(mode, n_dims):
     # 5*4*3 floats = 240 bytes, a multiple of 16: no canary slack, the guard page follows

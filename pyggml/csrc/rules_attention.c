@@ -16,6 +16,37 @@ enum {
     PG_ROPE_IMROPE = 40,
 };
 
+/* ggml_mrope_cache_init with indep_sects (VISION): each section is to count its pairs from 0
+ * ("reset corresponding theta when i0 goes from one section to another"), but the resets
+ * are an else-if chain on sector == start of t, h, w, e: when a section is empty, the next
+ * one starts where it does, the earlier branch wins and the next section's angle is not
+ * restarted. Replays the chain: 1 when every pair gets its section-local exponent. */
+static int vision_sections_restart(const int32_t s[4], int32_t n_pairs) {
+    const int64_t start[4] = {0, s[0], (int64_t) s[0] + s[1], (int64_t) s[0] + s[1] + s[2]};
+    const int64_t sect_dims = start[3] + s[3];
+    int64_t expo[4] = {0, 0, 0, 0};      /* the exponent of theta_base each theta carries */
+    for (int64_t i = 0; i < n_pairs; i++) {
+        const int64_t sector = i % sect_dims;
+        for (int k = 0; k < 4; k++) {     /* the chain: the first start equal to sector resets */
+            if (sector == start[k]) {
+                expo[k] = 0;
+                break;
+            }
+        }
+        int which = 0;                    /* the section of this sector (non-interleaved) */
+        while (which < 3 && sector >= start[which + 1]) {
+            which++;
+        }
+        if (expo[which] != sector - start[which]) {
+            return 0;
+        }
+        for (int k = 0; k < 4; k++) {
+            expo[k]++;
+        }
+    }
+    return 1;
+}
+
 /* ops.cpp ggml_compute_forward_rope -> ggml_compute_forward_rope_flt<T> (T = float or
  * ggml_fp16_t):
  *  - src0 F32 or F16 (GGML_ABORT otherwise); src1 (I32, a vector: the builder's) read as a
@@ -26,15 +57,20 @@ enum {
  *  - the mode switch takes NORMAL, NEOX, MROPE, IMROPE, VISION, GGML_ABORT otherwise;
  *    mode & MROPE: GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0) and
  *    (ggml_mrope_cache_init) GGML_ASSERT(sum of sections <= ne0); the sector is i % sum;
- *    VISION: GGML_ASSERT(n_dims == ne0/2);
+ *    VISION: GGML_ASSERT(n_dims == ne0/2), and each section restarts its angles, except one
+ *    that follows an empty section (vision_sections_restart);
  *  - freq factors src2 (F32, builder: ne0 >= n_dims/2) read as a contiguous float array,
  *    at [i0/2] for every even i0 < ne0 (ggml_rope_cache_init, ggml_mrope_cache_init);
  *  - the tail copy (non-VISION) moves elements i0, i0+1 for i0 = n_dims, n_dims+2, ... < ne0:
  *    with an odd ne0 it runs one element past every row; VISION with an odd ne0 rotates
  *    the pairs (ic, ic+n_dims) for ic <= n_dims, and the last pair reuses element n_dims;
  *  - work buffer: (ne0 + CACHE_LINE_SIZE_F32) floats per thread, what ggml_graph_plan gives
- *    (ne0 floats per task plus a cache line per thread). */
-static int rule_rope(const struct ggml_tensor * t, pg_why * why) {
+ *    (ne0 floats per task plus a cache line per thread).
+ * ROPE_BACK runs the same kernel (forward = false): this rule holds for it as it is, hence
+ * not static (a declaration in preconditions.h would let the [backward] family use it). */
+int pg_rule_rope(const struct ggml_tensor * t, pg_why * why);
+
+int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * b = t->src[1];
     const struct ggml_tensor * c = t->src[2];
@@ -77,6 +113,11 @@ static int rule_rope(const struct ggml_tensor * t, pg_why * why) {
     }
     if (mode == PG_ROPE_VISION && n_dims != ne0 / 2) {
         return pg_refuse(why, "VISION mode needs n_dims == ne0/2 = %lld, got %d", (long long) (ne0 / 2), n_dims);
+    }
+    if (mode == PG_ROPE_VISION && !vision_sections_restart(sections, n_dims)) {
+        why->defect = "rope-vision-section-reset";
+        return pg_refuse(why, "VISION sections (%d, %d, %d, %d): a section after an empty one does not restart "
+                         "its angles in the kernel", sections[0], sections[1], sections[2], sections[3]);
     }
     if (ne0 % 2 != 0) {
         why->defect = "rope-odd-ne0";
@@ -197,7 +238,7 @@ static int rule_add_rel_pos(const struct ggml_tensor * t, pg_why * why) {
 }
 
 const pg_named_rule pg_rules_attention[] = {
-    {"ROPE", rule_rope},
+    {"ROPE", pg_rule_rope},
     {"FLASH_ATTN_EXT", rule_flash_attn_ext},
     {"GET_REL_POS", rule_get_rel_pos},
     {"ADD_REL_POS", rule_add_rel_pos},

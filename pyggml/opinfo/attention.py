@@ -131,6 +131,7 @@ def _soft_max_ext_samples(rng, t):
         ((1, 4, 3, 6), (1, 1, 4, 6), 0.5, 8.0, Type.F32, True),          # ALiBi, 4 heads
         ((1, 3, 2, 5), (1, 1, 2, 5), 1.0, 8.0, Type.F16, False),         # ALiBi, 3 heads (m1 branch)
         ((2, 6, 2, 4), (1, 3, 2, 4), 0.3, 4.0, Type.F32, True),          # ALiBi, 6 heads, mask heads tiled
+        ((3, 5), (4, 5), 1.0, 2.0, Type.F16, False),                      # ALiBi, one head: slope 2**-max_bias
     ]
     for ashape, mshape, scale, max_bias, mtype, causal in cases:
         a = normal(rng, ashape)
@@ -298,6 +299,7 @@ def _rope_multi_samples(rng, t):
              ((2, 3, 12), 12, (1, 2, 2, 1), ROPE_IMROPE, False, _PLAIN),
              ((3, 2, 16), 8, (2, 2, 0, 0), ROPE_VISION, False, _PLAIN),
              ((2, 2, 16), 8, (3, 1, 0, 0), ROPE_VISION, True, _SCALED),
+             ((2, 2, 8), 4, (0, 2, 2, 0), ROPE_VISION, False, _PLAIN),     # empty t section first
              ((2, 2, 8), 8, (0, 0, 0, 0), ROPE_NEOX, False, _PLAIN),        # not a multi mode: sections unused
              ((3, 2, 8), 6, (1, 1, 1, 0), ROPE_NORMAL, True, _YARN)]
     for shape, n_dims, sections, mode, with_c, yarn in cases:
@@ -306,6 +308,8 @@ def _rope_multi_samples(rng, t):
         c = Arg(rng.uniform(0.5, 4.0, shape[-1] // 2), Type.F32, param=False) if with_c else None
         yield Sample((Arg(normal(rng, shape), t), _pos(rng, npos), c, n_dims, sections, mode) + yarn,
                      f"{shape} n_dims={n_dims} sections={sections} mode={mode} c={with_c}")
+    yield Sample((Arg(normal(rng, (2, 2, 8)), t), _pos(rng, 8), None, 4, (2, 0, 2, 0), ROPE_VISION) + _PLAIN,
+                 "VISION, the w section after an empty h section", defect="rope-vision-section-reset")
     c = Arg(rng.uniform(0.5, 4.0, 4), Type.F32, param=False)               # VISION: n_dims/2 factors
     yield Sample((Arg(normal(rng, (2, 2, 16)), t), _pos(rng, 8), c, 8, (2, 2, 0, 0), ROPE_VISION) + _PLAIN,
                  "VISION with n_dims/2 freq factors", defect="rope-freq-factors-oob")
@@ -382,6 +386,7 @@ def _fa_samples(rng, t):
         yield _fa_case(rng, t, (1, 2, 3, d), (1, 2, 5, d), (1, 2, 5, d), kv_layout="strided",
                        name="k, v strided rows")
     yield _fa_case(rng, t, (1, 1, 1, d), (1, 1, 1, d), (1, 1, 1, d), name="one query, one key")
+    yield _fa_case(rng, t, (3, d), (4, d), (4, e), ms=(3, 4), causal=True, name="2-d q, k, v: one head")
     if t in (Type.F32, Type.F16):
         # the tiled path (q rows >= GGML_FA_TILE_Q = 64, F32/F16 K = V type, DV a multiple of the SIMD width)
         yield _fa_case(rng, t, (1, 1, 64, 16), (1, 1, 8, 16), (1, 1, 8, 16), ms=(1, 1, 64, 8), causal=True,
