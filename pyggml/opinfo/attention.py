@@ -87,7 +87,7 @@ def _diag_mask_samples(rng, t):
 # --- soft_max -----------------------------------------------------------------------------------
 
 def _softmax_rows(x: np.ndarray) -> np.ndarray:
-    mx = np.max(x, axis=-1, keepdims=True) if x.shape[-1] else x
+    mx = np.max(x, axis=-1, keepdims=True)
     e = np.exp(x - mx)
     return e / np.sum(e, axis=-1, keepdims=True)
 
