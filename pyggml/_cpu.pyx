@@ -335,6 +335,9 @@ cdef class CpuExecutor(Executor):
         # (another thread may close a context meanwhile)
         cdef object keep = graph._keep_alive()
         try:
+            if graph._index_ops:
+                # indices out of range are refused before anything runs, the proof included
+                _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
             if graph._unproven:
                 _prove(graph)
             # a cached threadpool saves creating one per compute; one compute at a time uses it

@@ -512,8 +512,9 @@ def gen_enum_pxi(enums: dict[str, list[str]]) -> str:
         members = [m for m in members if not m.endswith("_COUNT")]
         if cenum == "ggml_type":   # removed types linger in the header as comments only
             members = [m for m in members if m != "GGML_TYPE_COUNT"]
-        decl.append("    enum:")
-        decl.extend(f"        {m}" for m in members)
+        if members:            # an older ggml may lack an enum altogether
+            decl.append("    enum:")
+            decl.extend(f"        {m}" for m in members)
         pairs = ", ".join(f"({m[len(prefix):]!r}, {m})" for m in members)
         lists.append(f"_{cls.upper()}_MEMBERS = [{pairs}]")
     return "\n".join(out + decl + [""] + lists) + "\n"

@@ -35,6 +35,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
     int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)
+    int pyggml_check_ready_indices(ggml_cgraph * graph, char * msg, size_t cap)
     int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, char * msg, size_t cap, int * status)
 
     int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,

@@ -145,6 +145,119 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
     ),
     Defect(
+        id="rope-odd-ne0",
+        title="ROPE (and ROPE_BACK) with an odd ne0 copies one element past each row",
+        ops=("ROPE", "ROPE_BACK"),
+        where="ggml-cpu/ops.cpp rope_flt: the tail copy steps i0 += 2 and copies [i0 + 1]; in VISION mode the "
+              "extra pair (n_dims, 2*n_dims) rotates element n_dims twice",
+        action="refused with UpstreamDefect (out of bounds on the last row; a race on the next row with threads)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="rope-freq-factors-oob",
+        title="ROPE reads its frequency factors c past their end",
+        ops=("ROPE",),
+        where="ggml-cpu/ops.cpp ggml_rope_cache_init / ggml_mrope_cache_init read c[i0/2] for every i0 < ne0; "
+              "the builder asserts only c.ne0 >= n_dims/2",
+        action="refused with UpstreamDefect when c.ne0 < ne0/2 (pyggml's guarded proof sees the read)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="rope-vision-section-reset",
+        title="ROPE in VISION mode does not restart a section that follows an empty one",
+        ops=("ROPE",),
+        where="ggml-cpu/ops.cpp ggml_mrope_cache_init: the else-if chain that resets theta per section",
+        action="refused with UpstreamDefect when replaying the chain shows the wrong angle (sections (2,0,2,0): "
+               "NMSE 0.55 against the reference)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="get-rel-pos-bf16",
+        title="GET_REL_POS of a BF16 tensor reads BF16 bits as F16",
+        ops=("GET_REL_POS",),
+        where="ggml.c ggml_get_rel_pos makes an F16 result whatever a's type; the CPU kernel copies the bits",
+        action="refused with UpstreamDefect for a BF16 a",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="add-rel-pos-ne3",
+        title="ADD_REL_POS adds to the first slice only when a.ne3 > 1",
+        ops=("ADD_REL_POS",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_add_rel_pos_f32 loops over pw->ne[3] == a->ne[2] only",
+        action="refused with UpstreamDefect for a.ne3 > 1 (the other slices would be copied unchanged)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="soft-max-alibi-grad",
+        title="the backward pass of soft_max_ext with ALiBi (max_bias > 0) aborts at compute",
+        ops=("SOFT_MAX", "SOFT_MAX_BACK"),
+        where="ggml.c ggml_compute_backward passes max_bias to ggml_soft_max_ext_back, whose CPU kernel asserts "
+              "max_bias == 0 (ggml-cpu/ops.cpp ggml_compute_forward_soft_max_ext_back_f32)",
+        action="build_backward_expand refuses such a graph with UpstreamDefect",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="wkv7-simd-tail-oob",
+        title="RWKV_WKV7 reads and writes past each head when the head size is not a multiple of the SIMD step",
+        ops=("RWKV_WKV7",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_rwkv_wkv7_f32, GGML_SIMD branch: "
+              "for (; j < head_size; j += GGML_F32_STEP) with no tail (\"There shouldn't be left-overs\")",
+        action="refused with UpstreamDefect where head_size % step != 0 (the step of this CPU's build)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="wkv-tokens-per-seq-oob",
+        title="RWKV_WKV6, GATED_LINEAR_ATTN and RWKV_WKV7 write past their result when n_tokens is not a "
+              "multiple of n_seqs",
+        ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7"),
+        where="ggml-cpu/ops.cpp: state_offset = head_size*C*(t / (T/n_seqs)); the builders never assert T % n_seqs",
+        action="refused with UpstreamDefect (fewer tokens than sequences divides by zero: refused too)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="recurrent-zero-tokens-state",
+        title="with 0 tokens, the state part of a recurrent op's result is never written",
+        ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7", "SSM_SCAN"),
+        where="ggml-cpu/ops.cpp: the token loop is the kernels' only writer of the states",
+        action="refused with UpstreamDefect (the result would hold stale memory where the input state belongs)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="gelu-quick-f32-table-overflow",
+        title="F32 GELU_QUICK and GEGLU_QUICK give inf or NaN for |x| > 65504",
+        ops=("UNARY", "GLU"),
+        where="ggml-cpu/vec.h ggml_vec_gelu_quick_f32 / ggml_vec_geglu_quick_f32 round x to F16 and read the F16 "
+              "table without the clamp ggml_vec_gelu_f32 has",
+        action="not refused (it depends on values): pyggml.opinfo's samples stay in range; "
+               "tests/test_rules_elementwise.py shows it",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="expm1-cancellation",
+        title="EXPM1 loses all precision near 0 (expf(x) - 1, not expm1f)",
+        ops=("UNARY",),
+        where="ggml-cpu/unary-ops.cpp op_expm1",
+        action="not refused (it depends on values): 19% off at |x| = 1e-7, 0 below 3e-8; shown by a test",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="softplus-underflow",
+        title="SOFTPLUS is 0 for x <= -17 (logf(1 + expf(x)), not log1pf)",
+        ops=("UNARY",),
+        where="ggml-cpu/unary-ops.cpp op_softplus",
+        action="not refused (it depends on values): shown by a test",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="fattn-f16-v-accumulator",
+        title="FLASH_ATTN_EXT with an F16 V accumulates in F16 even with GGML_PREC_F32",
+        ops=("FLASH_ATTN_EXT",),
+        where="ggml-cpu/ops.cpp flash_attn_ext with F16 V (fewer than 64 rows, or the split-KV path)",
+        action="not refused (precision): NMSE ~1e-5 at 500 keys against 5e-8 with an F32 V; "
+               "tests/test_rules_attention.py bounds it",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="kernel-out-of-bounds",
         title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
         ops=(),

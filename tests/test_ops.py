@@ -232,7 +232,7 @@ def test_non_contiguous_inputs(ctx, t34):
     with pytest.raises(pyggml.GGMLAbort, match=r"reshape_1d: ggml would abort: .*GGML_ASSERT\(ggml_is_contiguous\(a\)\)"):
         pyggml.reshape_1d(ctx, tt, 12)
     with pytest.raises(pyggml.KernelPreconditionError, match="diag_mask_inf: DIAG_MASK_INF node refused: src0 must "
-                                                           "be contiguous"):
+                                                           "have contiguous rows"):
         pyggml.diag_mask_inf(ctx, tt, 0)
     with pytest.raises(pyggml.KernelPreconditionError, match=r"sqr: SQR node refused: src0 must have contiguous "
                        r"rows \(nb\[0\] = 4, the size of f32\), got nb\[0\] = 16"):

@@ -101,6 +101,17 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
                            (long long) t->src[0]->ne[0], (long long) t->src[0]->ne[1],
                            (long long) t->src[0]->ne[2], (long long) t->src[0]->ne[3]);
         }
+        /* ggml.c, case GGML_OP_SOFT_MAX: the gradient goes through ggml_soft_max_ext_back with the
+         * forward's max_bias, and its CPU kernel asserts max_bias == 0 */
+        if (op_is(t, "SOFT_MAX") && src_needs[0]) {
+            float max_bias;
+            memcpy(&max_bias, (const float *) t->op_params + 1, sizeof max_bias);
+            if (max_bias != 0.0f) {
+                why.defect = "soft-max-alibi-grad";
+                rc = pg_refuse(&why, "node %d (SOFT_MAX) with max_bias=%g (ALiBi): ggml's backward pass builds a "
+                               "SOFT_MAX_BACK whose CPU kernel asserts max_bias == 0", i, (double) max_bias);
+            }
+        }
         /* ggml.c, case GGML_OP_MEAN: ggml_add1_or_set of a [1, ne1, ne2, ne3] gradient: when src0
          * already has a gradient (from a later node, the backward pass runs in reverse), that is
          * ggml_add1 of a non-scalar, which asserts */

@@ -102,6 +102,18 @@ static int produced_in_graph(struct ggml_cgraph * graph, int upto, const struct 
     return 0;
 }
 
+int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * msg, size_t cap) {
+    const int n = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n; i++) {
+        struct ggml_tensor * t = ggml_graph_node(graph, i);
+        struct ggml_tensor * idx = pyggml_index_tensor(t);
+        if (idx != NULL && !produced_in_graph(graph, i, idx) && pyggml_check_indices(t, msg, cap) != PYGGML_OK) {
+            return PYGGML_REFUSED;
+        }
+    }
+    return PYGGML_OK;
+}
+
 int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg, size_t cap,
                            int * status) {
     const int n = ggml_graph_n_nodes(graph);

@@ -37,6 +37,7 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
  * the same template: */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* binary-ops.cpp binary_op */
 int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* unary-ops.cpp unary_op */
+int pg_rule_rope(const struct ggml_tensor * t, pg_why * why);    /* rules_attention.c: ops.cpp rope (ROPE_BACK too) */
 
 /* predicates over one tensor */
 int pg_rows_contiguous(const struct ggml_tensor * t);    /* nb[0] == type size */

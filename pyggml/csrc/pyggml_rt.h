@@ -155,6 +155,9 @@ PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg,
  * first index out of range in msg. */
 PYGGML_RT_API struct ggml_tensor * pyggml_index_tensor(const struct ggml_tensor * node);
 PYGGML_RT_API int pyggml_check_indices(const struct ggml_tensor * node, char * msg, size_t cap);
+/* The indices that exist before the graph runs (not computed by it): PYGGML_OK or
+ * PYGGML_REFUSED (msg). */
+PYGGML_RT_API int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * msg, size_t cap);
 /* ggml_graph_compute, with every index op's indices checked before the node runs: those
  * that exist before the compute first, those the graph computes between segments of it.
  * PYGGML_OK (then *status is ggml's), PYGGML_REFUSED (msg: the first bad index; nothing

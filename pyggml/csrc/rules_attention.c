@@ -68,7 +68,6 @@ static int vision_sections_restart(const int32_t s[4], int32_t n_pairs) {
  *    (ne0 floats per task plus a cache line per thread).
  * ROPE_BACK runs the same kernel (forward = false): this rule holds for it as it is, hence
  * not static (a declaration in preconditions.h would let the [backward] family use it). */
-int pg_rule_rope(const struct ggml_tensor * t, pg_why * why);
 
 int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];

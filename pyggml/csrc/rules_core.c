@@ -80,6 +80,9 @@ int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
 int pg_rule_unary(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
+    if (ggml_is_empty(t)) {
+        return PYGGML_OK;          /* ggml_compute_forward skips empty nodes */
+    }
     int ok = (a->type == t->type && pg_is_float(a->type)) ||
              (t->type == GGML_TYPE_F32 && (a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16));
     if (!ok) {
@@ -166,24 +169,37 @@ static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_soft_max_f32: F32 src0, contiguous (as pyggml has always
- * required); an optional mask src1 of F32 or F16 with contiguous rows */
+/* ops.cpp ggml_compute_forward_soft_max_f32: F32 src0 and dst, contiguous (a row of one
+ * element may carry any nb[0]: the kernel reads rows with nb[1]); an optional mask src1
+ * of F32 or F16 with contiguous rows; optional sinks src2, F32, read as a contiguous
+ * array (sk[i02]) */
 static int rule_soft_max(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * m = t->src[1];
+    const struct ggml_tensor * sinks = t->src[2];
     PG_NEED_SRC(t, 0, why);
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
-    PG_NEED_CONTIGUOUS(a, "src0", why);
-    PG_NEED_CONTIGUOUS(t, "the result", why);
+    if (!(ggml_is_contiguous(a) && (a->ne[0] == 1 || pg_rows_contiguous(a)))) {
+        PG_NEED_CONTIGUOUS(a, "src0", why);
+    }
+    if (!(ggml_is_contiguous(t) && (t->ne[0] == 1 || pg_rows_contiguous(t)))) {
+        PG_NEED_CONTIGUOUS(t, "the result", why);
+    }
     if (m != NULL) {
         PG_NEED_TYPE(m, "the mask (src1)", m->type == GGML_TYPE_F32 || m->type == GGML_TYPE_F16, why);
         PG_NEED_ROWS(m, "the mask (src1)", why);
     }
+    if (sinks != NULL) {
+        PG_NEED_TYPE(sinks, "the sinks (src2)", sinks->type == GGML_TYPE_F32, why);
+        PG_NEED_CONTIGUOUS(sinks, "the sinks (src2)", why);
+    }
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_diag_mask_f32: F32, n_past >= 0 (op_params[0]); src0 and
- * dst contiguous; it walks rows with nb[1] only (padded, as for scale) */
+/* ops.cpp ggml_compute_forward_diag_mask_f32: F32, n_past >= 0 (op_params[0]); out of
+ * place it memcpys a contiguous src0 into a contiguous dst; then it walks dst's rows
+ * with k*nb[2] over all ne2*ne3 slices, so dims 2 and 3 must be packed (nb[3] =
+ * nb[2]*ne[2]) -- unit dims with odd strides are refused too (found by fuzzing) */
 static int rule_diag_mask(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
@@ -191,10 +207,16 @@ static int rule_diag_mask(const struct ggml_tensor * t, pg_why * why) {
     if (t->op_params[0] < 0) {
         return pg_refuse(why, "n_past must be >= 0, got %d", t->op_params[0]);
     }
-    PG_NEED_CONTIGUOUS(a, "src0", why);
-    PG_NEED_CONTIGUOUS(t, "the result", why);
-    if (!(a->nb[2] == a->nb[1] * a->ne[1] && a->nb[3] == a->nb[2] * a->ne[2])) {
-        return pg_refuse(why, "src0 must have packed rows (nb[2] = nb[1]*ne[1], nb[3] = nb[2]*ne[2])");
+    PG_NEED_ROWS(a, "src0", why);
+    PG_NEED_ROWS(t, "the result", why);
+    const int inplace = t->view_src != NULL;       /* ggml_diag_mask_*_inplace: a view of src0 */
+    if (!inplace) {
+        PG_NEED_CONTIGUOUS(a, "src0", why);
+        PG_NEED_CONTIGUOUS(t, "the result", why);
+    }
+    if (t->ne[3] > 1 && t->nb[3] != t->nb[2] * (size_t) t->ne[2]) {
+        return pg_refuse(why, "the result's dims 2 and 3 must be packed (nb[3] = nb[2]*ne[2]): the kernel walks "
+                         "them with nb[2] only; got nb=(%zu, %zu, %zu, %zu)", t->nb[0], t->nb[1], t->nb[2], t->nb[3]);
     }
     return PYGGML_OK;
 }

@@ -133,9 +133,9 @@ def _tensor(ctx: pyggml.Context, arg: Arg) -> pyggml.Tensor:
         big = np.zeros(values.shape[:-1] + (2 * values.shape[-1],))
         big[..., :values.shape[-1]] = values
         raw, t = _raw(arg, big)
-        base = ctx.from_numpy(raw, type=t)
+        whole = ctx.from_numpy(raw, type=t)
         ne = tuple(reversed(values.shape)) + (1,) * (4 - values.ndim)
-        return pyggml.view_4d(ctx, base, *ne, base.nb[1], base.nb[2], base.nb[3], 0)
+        return pyggml.view_4d(ctx, whole, ne[0], ne[1], ne[2], ne[3], whole.nb[1], whole.nb[2], whole.nb[3], 0)
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -245,7 +245,7 @@ def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
         x = np.asarray(base[i], np.float64)
         num = np.zeros_like(x)
         for k in np.ndindex(x.shape):
-            h = 1e-6 * max(1.0, abs(x[k]))
+            h = 1e-6 * max(1.0, float(abs(x[k])))
             xp, xm = x.copy(), x.copy()
             xp[k] += h
             xm[k] -= h

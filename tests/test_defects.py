@@ -1,0 +1,50 @@
+"""The defect registry (pyggml.defects) is the one place a defect is described: every
+id the kernel rules, the backward checks, the op samples or the tests use is a record
+there, and the probes run on the linked ggml."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import pyggml
+from pyggml import defects
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ids_used():
+    used = set()
+    for path in list((ROOT / "pyggml" / "csrc").glob("*.c")) + list((ROOT / "pyggml" / "opinfo").glob("*.py")) \
+            + list((ROOT / "tests").glob("test_*.py")) + list((ROOT / "pyggml").glob("_*.pyx")):
+        text = path.read_text()
+        used |= set(re.findall(r'defect = "([a-z0-9-]+)"', text))
+        used |= set(re.findall(r'(?:grad_)?defect="([a-z0-9-]+)"', text))
+        used |= set(re.findall(r'defect == "([a-z0-9-]+)"', text))
+        used |= set(re.findall(r'UpstreamDefect\([^)]*"([a-z0-9]+(?:-[a-z0-9]+)+)"\)', text))
+    return used
+
+
+@pytest.mark.skipif(not (ROOT / "pyggml" / "csrc").exists(), reason="needs the source tree")
+def test_every_defect_id_in_use_has_a_record():
+    known = {d.id for d in defects.DEFECTS}
+    missing = ids_used() - known
+    assert not missing, f"defect ids without a record in pyggml/defects.py: {sorted(missing)}"
+
+
+def test_records_are_complete():
+    ids = [d.id for d in defects.DEFECTS]
+    assert len(ids) == len(set(ids))
+    for d in defects.DEFECTS:
+        assert d.title and d.where and d.action, d.id
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", d.id)
+    listed = pyggml.known_defects()
+    assert [d["id"] for d in listed] == ids and "probe" not in listed[0]
+
+
+def test_probes_measure_the_linked_ggml():
+    found = defects.probe_all()
+    assert set(found) == {d.id for d in defects.DEFECTS}
+    if pyggml.ggml_version() == "0.20.2":
+        assert found["fab-batch-gqa-oob"] == 768
+        assert found["fab-work-size"] == 64
