@@ -109,6 +109,17 @@ def test_get_rows_needs_contiguous_rows():
     assert compute_unchecked(_get_rows_transposed).reshape(-1).tolist() == [3, 4, 5, 6]
 
 
+def test_get_rows_rows_of_one_element_take_any_stride():
+    """a row of one element is read at its start: nb[0] does not matter (accepted, right)"""
+    with pyggml.Context(1 << 20) as ctx:
+        a = pyggml.transpose(ctx, f32(ctx, [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]))    # ne (1, 6), nb0 = 24
+        t = pyggml.get_rows(ctx, a, ctx.from_numpy(np.array([5, 0, 2], np.int32)))
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(t)
+        g.compute(1)
+        assert t.numpy().reshape(-1).tolist() == [5.0, 0.0, 2.0]
+
+
 def test_get_rows_needs_whole_blocks():
     x = RNG.standard_normal((3, 64)).astype(np.float32)
 
@@ -442,6 +453,31 @@ def test_set_gradient_with_overlapping_rows_is_wrong():
     except pyggml.UpstreamDefect:
         return
     assert errs[0] < 1e-9 and errs[1] > 1e-2
+
+
+def test_get_rows_gradient_with_a_strided_index_vector_is_wrong():
+    """GET_ROWS reads its indices through their strides, GET_ROWS_BACK (its backward)
+    reads them as packed int32: a strided index vector gets the gradient of other rows
+    (proposed defect get-rows-back-strided-index)"""
+    a_np = RNG.standard_normal((5, 3)).astype(np.float32)
+    with pyggml.Context(16 << 20) as ctx:
+        a = f32(ctx, a_np)
+        pyggml.set_param(a)
+        m = ctx.from_numpy(np.array([[1, 2], [3, 2], [0, 2], [1, 2]], np.int32))   # column 0: [1, 3, 0, 1]
+        idx = pyggml.transpose(ctx, pyggml.view_2d(ctx, m, 1, 4, m.nb[1], 0))     # ne (4, 1), nb0 = 8
+        r = pyggml.get_rows(ctx, a, idx)
+        loss = pyggml.sum(ctx, r)
+        pyggml.set_loss(loss)
+        g = pyggml.Graph(ctx, 256, grads=True)
+        g.build_forward_expand(loss)
+        try:
+            g.build_backward_expand()
+            g.compute(1)
+        except pyggml.UpstreamDefect:
+            return
+        assert np.array_equal(r.numpy(), a_np[[1, 3, 0, 1]])                        # forward: right
+        counts = g.grad(a).numpy()[:, 0]
+        assert counts.tolist() == [0, 1, 2, 1, 0]            # the rows [1, 2, 3, 2]; right: [1, 2, 0, 1, 0]
 
 
 @pytest.mark.parametrize("op, args", [

@@ -86,7 +86,9 @@ static int rule_get_rows(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse_type(why, "the result must be %s with contiguous rows, got %s",
                               ggml_type_name(want), pg_type(t));
     }
-    PG_NEED_ROWS(a, "src0", why);
+    if (!rows_or_single(a)) {
+        PG_NEED_ROWS(a, "src0", why);       /* (a row of one element, or block, may have any nb[0]) */
+    }
     if (ggml_is_quantized(ta)) {
         PG_NEED_WHOLE_BLOCKS(a, "src0", why);
     }
@@ -419,11 +421,21 @@ int pg_rule_dup_layout(const struct ggml_tensor * t, pg_why * why) {
         }
         PG_NEED_WHOLE_BLOCKS(a, "src0", why);
         PG_NEED_WHOLE_BLOCKS(t, "the result", why);
-        PG_NEED_ROWS(a, "src0", why);
-        PG_NEED_ROWS(t, "the result", why);
-        if (ggml_are_same_shape(a, t) || !ggml_is_contiguous(t)) {
+        const size_t ts = ggml_type_size(ta);
+        if (ggml_are_same_shape(a, t) && a->nb[0] == ts && t->nb[0] == ts) {
+            return PYGGML_OK;       /* row by row */
+        }
+        if (!ggml_is_contiguous(t)) {
+            /* block by block, at k*nb[0]: a single block per row may have any nb[0] */
+            if (!rows_or_single(a)) {
+                PG_NEED_ROWS(a, "src0", why);
+            }
+            if (!rows_or_single(t)) {
+                PG_NEED_ROWS(t, "the result", why);
+            }
             return PYGGML_OK;
         }
+        PG_NEED_ROWS(a, "src0", why);
         why->defect = "cpy-quantized-reshape-oob";
         return pg_refuse(why, "a non-contiguous %s src0 copied into a contiguous result of another shape: the "
                          "kernel copies ne[0] blocks per row where there are ne[0]/%lld, past the result",
@@ -444,9 +456,11 @@ int pg_rule_dup_layout(const struct ggml_tensor * t, pg_why * why) {
         if (!dequantizable(ta)) {
             return pg_refuse_type(why, "the CPU kernel cannot dequantize %s", pg_type(a));
         }
-        PG_NEED_ROWS(a, "src0", why);
+        if (!rows_or_single(a)) {
+            PG_NEED_ROWS(a, "src0", why);       /* block addresses are (i00/qk)*nb00 */
+        }
         PG_NEED_WHOLE_BLOCKS(a, "src0", why);
-        PG_NEED_ROWS(t, "the result", why);
+        PG_NEED_ROWS(t, "the result", why);     /* asserted */
         if (!whole_blocks(t) && !ggml_is_contiguous(t)) {
             return pg_refuse(why, "the result must be contiguous or have rows of whole %s blocks (%lld)",
                              pg_type(a), (long long) ggml_blck_size(ta));
