@@ -4,7 +4,8 @@
  * IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK (FLASH_ATTN_BACK's rule is in
  * rules_core.c). Each rule cites the ggml-cpu function whose assertions, type switch and
  * silent assumptions it mirrors. Most of these builders check nothing: the rules carry
- * the shape and type contracts the kernels rely on. */
+ * the shape and type contracts the kernels rely on; what a builder does assert, or
+ * makes true of the result it creates (its type, contiguity, shape), is not repeated. */
 #include "rules.h"
 
 #include <limits.h>
@@ -62,11 +63,7 @@ static int rule_repeat_back(const struct ggml_tensor * t, pg_why * why) {
         return PYGGML_OK;
     }
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
-    if (!ggml_can_repeat(t, a)) {
-        return pg_refuse(why, "the result's shape must tile src0's");
-    }
     PG_NEED_ROWS(a, "src0", why);
-    PG_NEED_ROWS(t, "the result", why);
     return PYGGML_OK;
 }
 
@@ -80,18 +77,16 @@ static int rule_silu_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
     PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32 || dy->type == GGML_TYPE_F16, why);
-    if (x->type != dy->type || t->type != dy->type) {
-        return pg_refuse_type(why, "x (src1) and the result must have dy's type %s (the kernel reads them as "
-                              "such), got x %s, result %s", pg_type(dy), pg_type(x), pg_type(t));
+    if (x->type != dy->type) {
+        return pg_refuse_type(why, "x (src1) must have dy's type %s (the kernel reads it as such), got %s",
+                              pg_type(dy), pg_type(x));
     }
     NEED_SAME_SHAPE(dy, x, "dy (src0)", "x (src1)", why);
-    NEED_SAME_SHAPE(t, x, "the result", "x (src1)", why);
     if (ggml_nelements(t) == 0) {
         return PYGGML_OK;
     }
     NEED_WALKABLE(dy, "dy (src0)", why);
     NEED_WALKABLE(x, "x (src1)", why);
-    NEED_WALKABLE(t, "the result", why);
     return PYGGML_OK;
 }
 
@@ -106,7 +101,6 @@ static int rule_rms_norm_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32, why);
     PG_NEED_TYPE(x, "x (src1)", x->type == GGML_TYPE_F32, why);
     NEED_SAME_SHAPE(dy, x, "dy (src0)", "x (src1)", why);
-    NEED_SAME_SHAPE(t, dy, "the result", "dy (src0)", why);
     PG_NEED_ROWS(dy, "dy (src0)", why);
     PG_NEED_ROWS(x, "x (src1)", why);
     return PYGGML_OK;
@@ -123,8 +117,6 @@ static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16, why);
-    PG_NEED_TYPE(ids, "the indices (src1)", ids->type == GGML_TYPE_I32, why);
-    PG_NEED_TYPE(t, "the result", t->type == GGML_TYPE_F32, why);
     if (ggml_nelements(t) == 0) {
         return PYGGML_OK;
     }
@@ -138,11 +130,6 @@ static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
                          "ne=(%lld, %lld, %lld, %lld)", (long long) ggml_nelements(ids), (long long) a->ne[0],
                          (long long) a->ne[1], (long long) a->ne[2], (long long) a->ne[3]);
     }
-    if (t->ne[0] != a->ne[0]) {
-        return pg_refuse(why, "the result's rows (%lld) must be src0's (%lld)", (long long) t->ne[0],
-                         (long long) a->ne[0]);
-    }
-    NEED_GGML_CONTIGUOUS(t, "the result", why);
     return PYGGML_OK;
 }
 
@@ -161,14 +148,11 @@ static int rule_soft_max_back(const struct ggml_tensor * t, pg_why * why) {
     if (max_bias != 0.0f) {
         return pg_refuse(why, "the CPU kernel needs max_bias == 0 (no ALiBi), got %g", (double) max_bias);
     }
-    NEED_SAME_SHAPE(dy, t, "dy (src0)", "the result", why);
     NEED_SAME_SHAPE(y, t, "y (src1)", "the result", why);
     NEED_GGML_CONTIGUOUS(dy, "dy (src0)", why);
     NEED_GGML_CONTIGUOUS(y, "y (src1)", why);
-    NEED_GGML_CONTIGUOUS(t, "the result", why);
     NEED_WALKABLE(dy, "dy (src0)", why);
     NEED_WALKABLE(y, "y (src1)", why);
-    NEED_WALKABLE(t, "the result", why);
     return PYGGML_OK;
 }
 
@@ -198,10 +182,6 @@ static int rule_rope_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16, why);
-    if (t->type != a->type) {
-        return pg_refuse_type(why, "the result must have src0's type %s, got %s", pg_type(a), pg_type(t));
-    }
-    PG_NEED_TYPE(pos, "the positions (src1)", pos->type == GGML_TYPE_I32, why);
     if (ggml_nelements(t) == 0) {
         return PYGGML_OK;
     }
@@ -216,7 +196,6 @@ static int rule_rope_back(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "n_dims must be even and in [0, ne0 = %lld], got %d", (long long) ne0, n_dims);
     }
     PG_NEED_ROWS(a, "src0", why);
-    PG_NEED_ROWS(t, "the result", why);
     if (!rows_packed(pos) || !ggml_is_contiguous(pos)) {
         return refuse_layout(why, "the positions (src1)", "be contiguous (the kernel reads them as a flat array)",
                              pos);
@@ -234,7 +213,6 @@ static int rule_rope_back(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "VISION mode needs n_dims == ne0/2 = %lld, got %d", (long long) (ne0 / 2), n_dims);
     }
     if (ff != NULL) {
-        PG_NEED_TYPE(ff, "the freq factors (src2)", ff->type == GGML_TYPE_F32, why);
         if (!rows_packed(ff)) {
             return refuse_layout(why, "the freq factors (src2)", "have contiguous rows", ff);
         }
@@ -266,7 +244,6 @@ static int rule_im2col_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 1, why);
     PG_NEED_TYPE(g, "the columns' gradient (src0)", g->type == GGML_TYPE_F32, why);
     PG_NEED_TYPE(k, "the kernel (src1)", k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16, why);
-    PG_NEED_TYPE(t, "the result", t->type == GGML_TYPE_F32, why);
     if (ggml_nelements(t) == 0) {
         return PYGGML_OK;
     }
@@ -289,15 +266,14 @@ static int rule_im2col_back(const struct ggml_tensor * t, pg_why * why) {
                          "%lld, %lld)", (long long) (IC * KH * KW), is_2D ? "OH, N" : "N, 1",
                          (long long) g->ne[0], (long long) g->ne[1], (long long) g->ne[2], (long long) g->ne[3]);
     }
-    PG_NEED_CONTIGUOUS(t, "the result", why);
     if ((is_2D ? t->nb[3] : t->nb[2]) > INT_MAX || (is_2D ? t->nb[2] : t->nb[1]) > INT_MAX) {
         return pg_refuse(why, "the result's image and channel strides must fit the kernel's int offsets");
     }
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_pool_2d_back: op MAX or AVG (else GGML_ASSERT(false));
- * the result (F32 from the builder) zeroed and walked plane by plane; the gradient
+/* ops.cpp ggml_compute_forward_pool_2d_back: op MAX or AVG (else GGML_ASSERT(false), but
+ * pyggml's OpPool takes no other value); the result (F32 from the builder) zeroed and walked plane by plane; the gradient
  * (src0) read as a flat F32 array of planes of its ne0 x ne1, one per plane of the
  * result; MAX reads the forward input (src1) at the result's offsets and as the result's
  * type, F32: an F16 forward input (which ggml_pool_2d takes) is read past its end, an
@@ -307,11 +283,7 @@ static int rule_pool_2d_back(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * af = t->src[1];
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
-    const int op = t->op_params[0];
-    if (op != GGML_OP_POOL_MAX && op != GGML_OP_POOL_AVG) {
-        return pg_refuse(why, "op must be MAX or AVG, got %d", op);
-    }
-    PG_NEED_TYPE(t, "the result", t->type == GGML_TYPE_F32, why);
+    const int op = t->op_params[0];      /* MAX or AVG: pyggml's OpPool has no other value */
     PG_NEED_TYPE(g, "the gradient (src0)", g->type == GGML_TYPE_F32, why);
     if (op == GGML_OP_POOL_MAX) {
         if (af->type == GGML_TYPE_F16) {
@@ -329,7 +301,6 @@ static int rule_pool_2d_back(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "the gradient (src0) has %lld planes, the result %lld: the kernel reads one per "
                          "plane of the result", (long long) (g->ne[2] * g->ne[3]), (long long) (t->ne[2] * t->ne[3]));
     }
-    PG_NEED_CONTIGUOUS(t, "the result", why);
     if (op == GGML_OP_POOL_MAX) {
         NEED_GGML_CONTIGUOUS(af, "the forward input (src1), read at the result's offsets,", why);
     }
@@ -350,18 +321,10 @@ static int rule_cross_entropy_loss_back(const struct ggml_tensor * t, pg_why * w
     PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32, why);
     PG_NEED_TYPE(a, "the logits (src1)", a->type == GGML_TYPE_F32, why);
     PG_NEED_TYPE(b, "the labels (src2)", b->type == GGML_TYPE_F32, why);
-    PG_NEED_TYPE(t, "the result", t->type == GGML_TYPE_F32, why);
-    if (ggml_nelements(dy) != 1) {
-        return pg_refuse(why, "dy (src0) must be a scalar");
-    }
-    NEED_SAME_SHAPE(a, b, "the logits (src1)", "the labels (src2)", why);
-    NEED_SAME_SHAPE(a, t, "the logits (src1)", "the result", why);
     NEED_GGML_CONTIGUOUS(a, "the logits (src1)", why);
     NEED_GGML_CONTIGUOUS(b, "the labels (src2)", why);
-    NEED_GGML_CONTIGUOUS(t, "the result", why);
     NEED_WALKABLE(a, "the logits (src1)", why);
     NEED_WALKABLE(b, "the labels (src2)", why);
-    NEED_WALKABLE(t, "the result", why);
     return PYGGML_OK;
 }
 

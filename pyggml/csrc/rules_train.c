@@ -34,9 +34,6 @@ static int rule_cross_entropy_loss(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 1, why);
     PG_NEED_TYPE(a, "the logits (src0)", a->type == GGML_TYPE_F32, why);
     PG_NEED_TYPE(b, "the labels (src1)", b->type == GGML_TYPE_F32, why);
-    if (!ggml_are_same_shape(a, b)) {
-        return pg_refuse(why, "src0 and src1 must have the same shape");
-    }
     PG_NEED_ROWS(a, "the logits (src0)", why);
     PG_NEED_ROWS(b, "the labels (src1)", why);
     NEED_WALKABLE(a, "the logits (src0)", why);
@@ -63,9 +60,6 @@ static int need_opt_operand(const struct ggml_tensor * x, const struct ggml_tens
     if (x->type != GGML_TYPE_F32) {
         return pg_refuse_type(why, "the CPU kernel reads %s as F32, got %s", name, pg_type(x));
     }
-    if (!ggml_are_same_shape(x, w)) {
-        return pg_refuse(why, "%s must have the parameter's shape", name);
-    }
     if (!same_layout(x, w)) {
         return pg_refuse(why, "%s must be laid out like the parameter (the kernel reads it at the parameter's "
                          "offsets): nb=(%zu, %zu, %zu, %zu), the parameter's nb=(%zu, %zu, %zu, %zu)", name,
@@ -74,12 +68,8 @@ static int need_opt_operand(const struct ggml_tensor * x, const struct ggml_tens
     return PYGGML_OK;
 }
 
+/* the builder asserts F32 and n elements */
 static int need_hyperparams(const struct ggml_tensor * p, int64_t n, const char * name, pg_why * why) {
-    PG_NEED_TYPE(p, name, p->type == GGML_TYPE_F32, why);
-    if (ggml_nelements(p) != n) {
-        return pg_refuse(why, "%s must hold %lld floats, got %lld", name, (long long) n,
-                         (long long) ggml_nelements(p));
-    }
     if (!ggml_is_contiguous(p)) {
         return pg_refuse(why, "%s must be contiguous (the kernel reads its %lld floats in a row)", name,
                          (long long) n);
