@@ -183,7 +183,8 @@ CASES = [
     ("mul_mat_id: experts without a CPU dot", _mmid(as_type=Type.I32), TYPE_ERR, "no dot product for the experts", ""),
     ("mul_mat_id: b neither F32 nor the vec_dot type", _mmid(as_type=F16, b_type=BF16), TYPE_ERR,
      "src1 must be F32 or f16", ""),
-    ("mul_mat_id: experts' rows not contiguous", _mmid(as_layout="permuted"), KPE, "src0 must have contiguous rows", ""),
+    ("mul_mat_id: experts' rows not contiguous", _mmid(as_layout="permuted"), KPE,
+     "src0 must have contiguous rows", ""),
     ("mul_mat_id: b's rows not contiguous", _mmid(b_layout="transposed"), KPE, "src1 must have contiguous rows", ""),
     # OUT_PROD (ops.cpp ggml_compute_forward_out_prod)
     ("out_prod: BF16 a", _out_prod(a_type=BF16), TYPE_ERR, "does not take src0 of type bf16", ""),
@@ -241,8 +242,8 @@ CASES = [
     # GET_ROWS_BACK
     ("get_rows_back: BF16 rows", lambda c: pyggml.get_rows_back(c, t_(c, rnd((3, 8)), BF16), t_(c, [0, 1, 2], Type.I32),
                                                                 t_(c, rnd((4, 8)))), TYPE_ERR, "src0 of type bf16", ""),
-    ("get_rows_back: rows not contiguous", lambda c: pyggml.get_rows_back(c, tr(c, rnd((3, 8))),
-                                                                          t_(c, [0, 1, 2], Type.I32), t_(c, rnd((4, 8)))),
+    ("get_rows_back: rows not contiguous",
+     lambda c: pyggml.get_rows_back(c, tr(c, rnd((3, 8))), t_(c, [0, 1, 2], Type.I32), t_(c, rnd((4, 8)))),
      KPE, "src0 must have contiguous rows", ""),
     ("get_rows_back: fewer rows than indices", lambda c: pyggml.get_rows_back(c, t_(c, rnd((2, 4))),
                                                                               t_(c, [0, 1, 2, 3, 0, 1], Type.I32),
@@ -257,10 +258,12 @@ CASES = [
                                                                        1.0, 8.0), KPE, "needs max_bias == 0", ""),
     ("soft_max_ext_back: shapes differ", lambda c: pyggml.soft_max_ext_back(c, t_(c, rnd((4, 8))), t_(c, rnd((2, 8))),
                                                                             1.0, 0.0), KPE, "same shape", ""),
-    ("soft_max_ext_back: dy transposed", lambda c: pyggml.soft_max_ext_back(c, tr(c, rnd((4, 8))), t_(c, rnd((4, 8))),
-                                                                            1.0, 0.0), KPE, "dy .src0. must be contiguous", ""),
-    ("soft_max_ext_back: y transposed", lambda c: pyggml.soft_max_ext_back(c, t_(c, rnd((4, 8))), tr(c, rnd((4, 8))),
-                                                                           1.0, 0.0), KPE, "y .src1. must be contiguous", ""),
+    ("soft_max_ext_back: dy transposed",
+     lambda c: pyggml.soft_max_ext_back(c, tr(c, rnd((4, 8))), t_(c, rnd((4, 8))), 1.0, 0.0), KPE,
+     "dy .src0. must be contiguous", ""),
+    ("soft_max_ext_back: y transposed",
+     lambda c: pyggml.soft_max_ext_back(c, t_(c, rnd((4, 8))), tr(c, rnd((4, 8))), 1.0, 0.0), KPE,
+     "y .src1. must be contiguous", ""),
     ("soft_max_ext_back_inplace: dy transposed",
      lambda c: pyggml.soft_max_ext_back_inplace(c, tr(c, rnd((4, 8))), t_(c, rnd((4, 8))), 1.0, 0.0), KPE,
      "dy .src0. must be contiguous", ""),
@@ -431,7 +434,8 @@ def test_get_rows_back_reads_its_indices_as_an_array():
     a = rnd((3, 4), 10)
 
     def build(ctx):
-        return pyggml.get_rows_back(ctx, t_(ctx, a), strided_vector(ctx, [2, 0, 1], np.int32), t_(ctx, np.zeros((3, 4))))
+        return pyggml.get_rows_back(ctx, t_(ctx, a), strided_vector(ctx, [2, 0, 1], np.int32),
+                                    t_(ctx, np.zeros((3, 4))))
     with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="indices .src1. must be contiguous"):
         build(ctx)
     # the filler between the indices is 99: keep it in range, so the kernel stays in bounds
@@ -470,15 +474,21 @@ def test_rope_back_reads_positions_and_freq_factors_as_arrays():
 def test_im2col_back_reads_the_gradient_as_a_flat_array():
     g = rnd((1, 2, 2, 8), 12)
 
-    def build(ctx):
+    def build(ctx, cont=False):
         # g's values, ne (8, 2, 2, 1), as a permuted view (dims 1 and 2 swapped back)
-        return pyggml.im2col_back(ctx, pyggml.permute(ctx, t_(ctx, np.ascontiguousarray(np.swapaxes(g, 1, 2))),
-                                                      0, 2, 1, 3),
-                                  t_(ctx, rnd((2, 2, 2))), [4, 4, 2, 1], 2, 2, 0, 0, 1, 1, True)
+        gt = pyggml.permute(ctx, t_(ctx, np.ascontiguousarray(np.swapaxes(g, 1, 2))), 0, 2, 1, 3)
+        gt = pyggml.cont(ctx, gt) if cont else gt
+        return pyggml.im2col_back(ctx, gt, t_(ctx, rnd((2, 2, 2))), [4, 4, 2, 1], 2, 2, 0, 0, 1, 1, True)
     with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="gradient .src0. must be contiguous"):
         build(ctx)
-    got = compute_unchecked(build)
     want = ref_im2col_back(g.astype(np.float64), np.zeros((2, 2, 2)), [4, 4, 2, 1], 2, 2, 0, 0, 1, 1, True)
+    with pyggml.Context(1 << 20) as ctx:        # the same values made contiguous: right
+        t = build(ctx, cont=True)
+        gr = pyggml.Graph(ctx, 16)
+        gr.build_forward_expand(t)
+        gr.compute(1)
+        np.testing.assert_allclose(t.numpy().reshape(want.shape), want, rtol=1e-6)
+    got = compute_unchecked(build)
     assert not np.allclose(got, want, rtol=1e-3)
 
 

@@ -273,9 +273,9 @@ static int rule_im2col_back(const struct ggml_tensor * t, pg_why * why) {
 }
 
 /* ops.cpp ggml_compute_forward_pool_2d_back: op MAX or AVG (else GGML_ASSERT(false), but
- * pyggml's OpPool takes no other value); the result (F32 from the builder) zeroed and walked plane by plane; the gradient
- * (src0) read as a flat F32 array of planes of its ne0 x ne1, one per plane of the
- * result; MAX reads the forward input (src1) at the result's offsets and as the result's
+ * pyggml's OpPool takes no other value); the result (F32 from the builder) zeroed and
+ * walked plane by plane; the gradient (src0) read as a flat F32 array of planes of its
+ * ne0 x ne1, one per plane of the result; MAX reads the forward input (src1) at the result's offsets and as the result's
  * type, F32: an F16 forward input (which ggml_pool_2d takes) is read past its end, an
  * upstream defect. */
 static int rule_pool_2d_back(const struct ggml_tensor * t, pg_why * why) {

@@ -349,7 +349,8 @@ def _pool_2d_back_samples(rng, t):
             (POOL_AVG, (2, 4, 4), 2, 2, 2, 2, 0.0, 0.0, Type.F16)):
         OH, OW = _pool_out(shape[-2], k1, s1, p1), _pool_out(shape[-1], k0, s0, p0)
         g = normal(rng, shape[:-2] + (OH, OW))
-        name = f"{'MAX' if op == POOL_MAX else 'AVG'} {shape} k=({k0},{k1}) s=({s0},{s1}) p=({p0},{p1}) input {aft.name}"
+        kind = "MAX" if op == POOL_MAX else "AVG"
+        name = f"{kind} {shape} k=({k0},{k1}) s=({s0},{s1}) p=({p0},{p1}) input {aft.name}"
         yield Sample((Arg(g, t), Arg(normal(rng, shape), aft, param=False), op, k0, k1, s0, s1, p0, p1), name)
     shape = (2, 4, 4)
     yield Sample((Arg(normal(rng, (2, 2, 2)), t), Arg(normal(rng, shape), Type.F16, param=False), POOL_MAX,

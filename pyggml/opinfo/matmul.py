@@ -139,6 +139,7 @@ OPINFOS = [
     OpInfo("mul_mat_id", ref=ref_mul_mat_id, samples=_mul_mat_id_samples,
            types=(Type.F32, Type.F16, Type.Q8_0), tol={Type.F16: 1e-6, Type.Q8_0: QUANT_TOL},
            note="an F32 b is converted to the experts' vec_dot type as in mul_mat (measured NMSE up to 2.2e-7 "
-                "F16, 1.4e-4 Q8_0 over 150 seeds); the ids are data: the rule cannot check that they are in [0, n_expert)"),
+                "F16, 1.4e-4 Q8_0 over 150 seeds); the ids are data: the rule cannot check that they are in "
+                "[0, n_expert)"),
     OpInfo("out_prod", ref=ref_out_prod, samples=_out_prod_samples, types=(Type.F32, Type.F16, Type.Q8_0)),
 ]
