@@ -1,0 +1,342 @@
+/* Kernel rules for the [backward] family: the gradient ops that ggml's autodiff
+ * (ggml_compute_backward in ggml.c) inserts into graphs, also bound as builders:
+ * REPEAT_BACK, SILU_BACK, RMS_NORM_BACK, GET_ROWS_BACK, SOFT_MAX_BACK, ROPE_BACK,
+ * IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK (FLASH_ATTN_BACK's rule is in
+ * rules_core.c). Each rule cites the ggml-cpu function whose assertions, type switch and
+ * silent assumptions it mirrors. Most of these builders check nothing: the rules carry
+ * the shape and type contracts the kernels rely on; what a builder does assert, or
+ * makes true of the result it creates (its type, contiguity, shape), is not repeated. */
+#include "rules.h"
+
+#include <limits.h>
+#include <string.h>
+
+/* A kernel that walks the rows of x as row r at r*nb[1] (r over ggml_nrows) reads the
+ * right rows only if dims 2 and 3 are packed over rows: nb[2] = nb[1]*ne[1] when
+ * ne[2] > 1, nb[3] = nb[1]*ne[1]*ne[2] when ne[3] > 1 (ggml_is_contiguous is not
+ * enough: it ignores the stride of a dim of size 1, the walk does not). */
+static int rows_walkable(const struct ggml_tensor * x) {
+    return (x->ne[2] <= 1 || x->nb[2] == x->nb[1] * (size_t) x->ne[1]) &&
+           (x->ne[3] <= 1 || x->nb[3] == x->nb[1] * (size_t) (x->ne[1] * x->ne[2]));
+}
+
+/* rows whose elements are read one after the other (a row of one element has no stride) */
+static int rows_packed(const struct ggml_tensor * x) {
+    return x->ne[0] <= 1 || x->nb[0] == ggml_type_size(x->type);
+}
+
+static int refuse_layout(pg_why * why, const char * name, const char * need, const struct ggml_tensor * x) {
+    return pg_refuse(why, "%s must %s; got ne=(%lld, %lld, %lld, %lld) nb=(%zu, %zu, %zu, %zu)", name, need,
+                     (long long) x->ne[0], (long long) x->ne[1], (long long) x->ne[2], (long long) x->ne[3],
+                     x->nb[0], x->nb[1], x->nb[2], x->nb[3]);
+}
+
+#define NEED_WALKABLE(x, name, why)                                                              \
+    do {                                                                                         \
+        if (!rows_packed(x) || !rows_walkable(x))                                                \
+            return refuse_layout(why, name, "have contiguous rows with dims 2 and 3 packed over " \
+                                 "rows (the kernel walks rows with nb[1] only)", x);             \
+    } while (0)
+
+#define NEED_GGML_CONTIGUOUS(x, name, why)                                                       \
+    do {                                                                                         \
+        if (!ggml_is_contiguous(x))                                                              \
+            return refuse_layout(why, name, "be contiguous", x);                                 \
+    } while (0)
+
+#define NEED_SAME_SHAPE(x, y, xn, yn, why)                                                       \
+    do {                                                                                         \
+        if (!ggml_are_same_shape(x, y))                                                          \
+            return pg_refuse(why, "%s ne=(%lld, %lld, %lld, %lld) and %s ne=(%lld, %lld, %lld, %lld) " \
+                             "must have the same shape", xn, (long long) (x)->ne[0],             \
+                             (long long) (x)->ne[1], (long long) (x)->ne[2], (long long) (x)->ne[3], \
+                             yn, (long long) (y)->ne[0], (long long) (y)->ne[1],                 \
+                             (long long) (y)->ne[2], (long long) (y)->ne[3]);                    \
+    } while (0)
+
+/* ops.cpp ggml_compute_forward_repeat_back_f32: F32 only (the switch); nb0 and nb00 the
+ * element size (asserted); other strides of src0 and the result any. */
+static int rule_repeat_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    PG_NEED_ROWS(a, "src0", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_silu_back_f32/_f16: dy (src0) F32 or F16; x (src1) and the
+ * result read and written as that same type; x, dy and the result of one shape (asserts
+ * compiled out: nrows and ne0 come from x, so a larger x writes past the result); rows
+ * walked with nb[1] (ggml_is_contiguous_1, asserted in debug builds only). */
+static int rule_silu_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * dy = t->src[0];
+    const struct ggml_tensor * x = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32 || dy->type == GGML_TYPE_F16, why);
+    if (x->type != dy->type) {
+        return pg_refuse_type(why, "x (src1) must have dy's type %s (the kernel reads it as such), got %s",
+                              pg_type(dy), pg_type(x));
+    }
+    NEED_SAME_SHAPE(dy, x, "dy (src0)", "x (src1)", why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    NEED_WALKABLE(dy, "dy (src0)", why);
+    NEED_WALKABLE(x, "x (src1)", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_rms_norm_back_f32: dy (src0) F32 (the switch), x (src1)
+ * read as float; one shape and nb[0] the element size for both (asserted); any other
+ * strides. */
+static int rule_rms_norm_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * dy = t->src[0];
+    const struct ggml_tensor * x = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32, why);
+    PG_NEED_TYPE(x, "x (src1)", x->type == GGML_TYPE_F32, why);
+    NEED_SAME_SHAPE(dy, x, "dy (src0)", "x (src1)", why);
+    PG_NEED_ROWS(dy, "dy (src0)", why);
+    PG_NEED_ROWS(x, "x (src1)", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_get_rows_back_f32/_f32_f16: src0 (the rows) F32 or F16 with
+ * nb[0] the element size (asserted); the result F32 and contiguous (asserted); the
+ * indices (src1, I32) read as a flat array, one row of src0 per index (row i at
+ * i*nb[1]: src0 needs as many rows). The index values are data: one outside the
+ * result's rows writes out of bounds, which no rule can see. */
+static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * ids = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    if (!rows_packed(ids) || !ggml_is_contiguous(ids)) {
+        return refuse_layout(why, "the indices (src1)", "be contiguous (the kernel reads them as a flat array)",
+                             ids);
+    }
+    if (a->ne[1] < ggml_nelements(ids)) {
+        return pg_refuse(why, "src0 must have a row per index: %lld indices, src0 "
+                         "ne=(%lld, %lld, %lld, %lld)", (long long) ggml_nelements(ids), (long long) a->ne[0],
+                         (long long) a->ne[1], (long long) a->ne[2], (long long) a->ne[3]);
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_soft_max_ext_back_f32: dy (src0) F32 (the switch), y
+ * (src1) read as float (supports_op: both F32); src0, src1 and the result contiguous and
+ * of one shape, max_bias == 0 (all asserted); rows walked with nb[1]. */
+static int rule_soft_max_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * dy = t->src[0];
+    const struct ggml_tensor * y = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32, why);
+    PG_NEED_TYPE(y, "y (src1)", y->type == GGML_TYPE_F32, why);
+    float max_bias;
+    memcpy(&max_bias, (const float *) t->op_params + 1, sizeof(float));
+    if (max_bias != 0.0f) {
+        return pg_refuse(why, "the CPU kernel needs max_bias == 0 (no ALiBi), got %g", (double) max_bias);
+    }
+    NEED_SAME_SHAPE(y, t, "y (src1)", "the result", why);
+    NEED_GGML_CONTIGUOUS(dy, "dy (src0)", why);
+    NEED_GGML_CONTIGUOUS(y, "y (src1)", why);
+    NEED_WALKABLE(dy, "dy (src0)", why);
+    NEED_WALKABLE(y, "y (src1)", why);
+    return PYGGML_OK;
+}
+
+static int rope_mode_known(int mode) {
+    return mode == GGML_ROPE_TYPE_NORMAL || mode == GGML_ROPE_TYPE_NEOX || mode == GGML_ROPE_TYPE_MROPE ||
+#ifdef GGML_ROPE_TYPE_IMROPE
+           mode == GGML_ROPE_TYPE_IMROPE ||
+#endif
+           mode == GGML_ROPE_TYPE_VISION;
+}
+
+/* ops.cpp ggml_compute_forward_rope_back -> rope_flt<T>(forward = false), the kernel of
+ * ROPE with sin negated: src0 F32 or F16 and the result of its type; nb0 == nb00 ==
+ * sizeof(T) (asserted); positions (src1, I32) read as a flat array; mode one of the
+ * switch's (else GGML_ABORT); 0 <= n_dims <= ne0 and n_dims even (asserted, but for
+ * the sign: a negative n_dims copies "the rest" from n_dims, before the row); MROPE:
+ * one of sections[0..2] > 0 and their sum <= ne0 (asserted), the sum nonzero (it is a
+ * divisor); VISION: n_dims == ne0/2 (asserted); freq factors (src2) F32 read as a flat
+ * array. Two upstream defects: the tail copy (dims n_dims..ne0) moves two elements at a
+ * time, so an odd ne0 reads and writes one element past each row (past the tensor for
+ * the last row); the angle cache reads freq_factors[i0/2] for every i0 < ne0, while
+ * the builder and the kernel only assert n_dims/2 of them. */
+static int rule_rope_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * pos = t->src[1];
+    const struct ggml_tensor * ff = t->src[2];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    const int n_dims = t->op_params[1];
+    const int mode = t->op_params[2];
+    const int64_t ne0 = a->ne[0];
+    if (!rope_mode_known(mode)) {
+        return pg_refuse(why, "mode %d is not one the CPU kernel knows (NORMAL, NEOX, MROPE, IMROPE, VISION)",
+                         mode);
+    }
+    if (n_dims < 0 || n_dims > ne0 || n_dims % 2 != 0) {
+        return pg_refuse(why, "n_dims must be even and in [0, ne0 = %lld], got %d", (long long) ne0, n_dims);
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    if (!rows_packed(pos) || !ggml_is_contiguous(pos)) {
+        return refuse_layout(why, "the positions (src1)", "be contiguous (the kernel reads them as a flat array)",
+                             pos);
+    }
+    const int is_vision = mode == GGML_ROPE_TYPE_VISION;
+    if (mode & GGML_ROPE_TYPE_MROPE) {
+        const int32_t * s = t->op_params + 11;
+        if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 || (s[0] == 0 && s[1] == 0 && s[2] == 0) ||
+            (int64_t) s[0] + s[1] + s[2] + s[3] > ne0) {
+            return pg_refuse(why, "sections (%d, %d, %d, %d) must be >= 0, one of the first three > 0, and sum "
+                             "to at most ne0 = %lld", s[0], s[1], s[2], s[3], (long long) ne0);
+        }
+    }
+    if (is_vision && n_dims != ne0 / 2) {
+        return pg_refuse(why, "VISION mode needs n_dims == ne0/2 = %lld, got %d", (long long) (ne0 / 2), n_dims);
+    }
+    if (ff != NULL) {
+        if (!rows_packed(ff)) {
+            return refuse_layout(why, "the freq factors (src2)", "have contiguous rows", ff);
+        }
+        if (ff->ne[0] < (ne0 + 1) / 2) {
+            why->defect = "rope-freq-factors-oob";
+            return pg_refuse(why, "the kernel reads ne0/2 = %lld freq factors (one per pair of the whole row, "
+                             "not n_dims/2 = %d), src2 has %lld: it would read past src2",
+                             (long long) ((ne0 + 1) / 2), n_dims / 2, (long long) ff->ne[0]);
+        }
+    }
+    if (!is_vision && ne0 % 2 != 0) {
+        why->defect = "rope-odd-ne0-oob";
+        return pg_refuse(why, "ne0 = %lld is odd: the kernel copies the dims past n_dims = %d two at a time and "
+                         "reads and writes one element past each row", (long long) ne0, n_dims);
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_im2col_back_f32: src0 (the gradient of im2col's columns)
+ * F32 and src1 (the kernel, for its KW and KH only) F32 or F16 (asserted); the result
+ * F32 with contiguous rows. src0 is read as the flat [N, OH, OW, IC*KH*KW] array of
+ * im2col's result (OW = src0 ne1; OH = src0 ne2 in 2-D, 1 in 1-D); N and IC come from
+ * the result (ne3, ne2 in 2-D; ne2, ne1 in 1-D, where ne3 is never written). Strides s0
+ * (and s1 in 2-D) are divisors. */
+static int rule_im2col_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * g = t->src[0];
+    const struct ggml_tensor * k = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_TYPE(g, "the columns' gradient (src0)", g->type == GGML_TYPE_F32, why);
+    PG_NEED_TYPE(k, "the kernel (src1)", k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    const int32_t s0 = t->op_params[0], s1 = t->op_params[1];
+    const int is_2D = t->op_params[6] == 1;
+    if (s0 == 0 || (is_2D && s1 == 0)) {
+        return pg_refuse(why, "the strides must be nonzero (the kernel divides by them), got s0=%d s1=%d", s0, s1);
+    }
+    const int64_t N = is_2D ? t->ne[3] : t->ne[2];
+    const int64_t IC = is_2D ? t->ne[2] : t->ne[1];
+    const int64_t KH = is_2D ? k->ne[1] : 1;
+    const int64_t KW = k->ne[0];
+    if (!is_2D && t->ne[3] != 1) {
+        return pg_refuse(why, "1-D: the result's ne3 must be 1 (the kernel never writes ne3 > 0), got %lld",
+                         (long long) t->ne[3]);
+    }
+    NEED_GGML_CONTIGUOUS(g, "the columns' gradient (src0)", why);
+    if (g->ne[0] != IC * KH * KW || (is_2D ? g->ne[3] != N : (g->ne[2] != N || g->ne[3] != 1))) {
+        return pg_refuse(why, "src0 must have im2col's result shape (IC*KH*KW = %lld, OW, %s): got ne=(%lld, %lld, "
+                         "%lld, %lld)", (long long) (IC * KH * KW), is_2D ? "OH, N" : "N, 1",
+                         (long long) g->ne[0], (long long) g->ne[1], (long long) g->ne[2], (long long) g->ne[3]);
+    }
+    if ((is_2D ? t->nb[3] : t->nb[2]) > INT_MAX || (is_2D ? t->nb[2] : t->nb[1]) > INT_MAX) {
+        return pg_refuse(why, "the result's image and channel strides must fit the kernel's int offsets");
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_pool_2d_back: op MAX or AVG (else GGML_ASSERT(false), but
+ * pyggml's OpPool takes no other value); the result (F32 from the builder) zeroed and
+ * walked plane by plane; the gradient (src0) read as a flat F32 array of planes of its
+ * ne0 x ne1, one per plane of the result; MAX reads the forward input (src1) at the result's offsets and as the result's
+ * type, F32: an F16 forward input (which ggml_pool_2d takes) is read past its end, an
+ * upstream defect. */
+static int rule_pool_2d_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * g = t->src[0];
+    const struct ggml_tensor * af = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    const int op = t->op_params[0];      /* MAX or AVG: pyggml's OpPool has no other value */
+    PG_NEED_TYPE(g, "the gradient (src0)", g->type == GGML_TYPE_F32, why);
+    if (op == GGML_OP_POOL_MAX) {
+        if (af->type == GGML_TYPE_F16) {
+            why->defect = "pool-2d-back-f16-oob";
+            return pg_refuse(why, "MAX reads the forward input as the result's type (F32), and it is F16: the "
+                             "kernel would read past it");
+        }
+        PG_NEED_TYPE(af, "the forward input (src1)", af->type == GGML_TYPE_F32, why);
+    }
+    if (ggml_nelements(t) == 0 || g->ne[0] * g->ne[1] == 0) {
+        return PYGGML_OK;
+    }
+    NEED_GGML_CONTIGUOUS(g, "the gradient (src0)", why);
+    if (g->ne[2] * g->ne[3] < t->ne[2] * t->ne[3]) {
+        return pg_refuse(why, "the gradient (src0) has %lld planes, the result %lld: the kernel reads one per "
+                         "plane of the result", (long long) (g->ne[2] * g->ne[3]), (long long) (t->ne[2] * t->ne[3]));
+    }
+    if (op == GGML_OP_POOL_MAX) {
+        NEED_GGML_CONTIGUOUS(af, "the forward input (src1), read at the result's offsets,", why);
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_cross_entropy_loss_back_f32: dy (src0, a scalar) F32 (the
+ * switch); the logits and labels (src1, src2) read as float and the result (src1's
+ * type) written as float; the result, src1, src2 and dy contiguous, src1, src2 and the
+ * result of one shape (asserted); rows walked with nb[1]. */
+static int rule_cross_entropy_loss_back(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * dy = t->src[0];
+    const struct ggml_tensor * a = t->src[1];
+    const struct ggml_tensor * b = t->src[2];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_SRC(t, 2, why);
+    PG_NEED_TYPE(dy, "dy (src0)", dy->type == GGML_TYPE_F32, why);
+    PG_NEED_TYPE(a, "the logits (src1)", a->type == GGML_TYPE_F32, why);
+    PG_NEED_TYPE(b, "the labels (src2)", b->type == GGML_TYPE_F32, why);
+    NEED_GGML_CONTIGUOUS(a, "the logits (src1)", why);
+    NEED_GGML_CONTIGUOUS(b, "the labels (src2)", why);
+    NEED_WALKABLE(a, "the logits (src1)", why);
+    NEED_WALKABLE(b, "the labels (src2)", why);
+    return PYGGML_OK;
+}
+
+const pg_named_rule pg_rules_backward[] = {
+    {"REPEAT_BACK", rule_repeat_back},
+    {"SILU_BACK", rule_silu_back},
+    {"RMS_NORM_BACK", rule_rms_norm_back},
+    {"GET_ROWS_BACK", rule_get_rows_back},
+    {"SOFT_MAX_BACK", rule_soft_max_back},
+    {"ROPE_BACK", rule_rope_back},
+    {"IM2COL_BACK", rule_im2col_back},
+    {"POOL_2D_BACK", rule_pool_2d_back},
+    {"CROSS_ENTROPY_LOSS_BACK", rule_cross_entropy_loss_back},
+    {NULL, NULL},
+};

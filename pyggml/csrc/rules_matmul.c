@@ -1,0 +1,82 @@
+/* Kernel rules for the [matmul] family: MUL_MAT_ID and OUT_PROD (MUL_MAT's rule is in
+ * rules_core.c). Each rule cites the ggml-cpu function whose assertions, type switch and
+ * silent assumptions it mirrors; what the builders assert already (ggml_mul_mat_id:
+ * I32 ids, shapes; ggml_out_prod: shapes, an F32 result) is not repeated. */
+#include "rules.h"
+
+/* ggml-cpu.c ggml_compute_forward_mul_mat_id: a vec_dot for src0's type; src1 F32 (then
+ * converted to the vec_dot type in the work buffer: GGML_ASSERT(src1->type == F32)) or
+ * already of that type; nb00 and nb10 the element size (asserted); the result's
+ * strides (asserted) are those of the new tensor the builder makes.
+ *
+ * What a rule cannot check: the expert ids are data (src2, I32, any strides). The
+ * kernel's `assert(i02 >= 0 && i02 < n_as)` is compiled out: an id outside [0, n_as)
+ * indexes matrix_row_counts[] and matrix_rows[] (the work buffer) out of bounds, and
+ * ids written by another node of the graph (argsort, top_k) exist only at compute time.
+ * (The one shape where no id can be valid, n_as = 0 experts, has an empty src0, which
+ * pyggml does not compute.) */
+static int rule_mul_mat_id(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * as = t->src[0];
+    const struct ggml_tensor * b = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    PG_NEED_SRC(t, 2, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;        /* ggml_compute_forward skips an empty result */
+    }
+    const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(as->type);
+    if (tr == NULL || tr->vec_dot == NULL) {
+        return pg_refuse_type(why, "the CPU kernel has no dot product for the experts (src0) of type %s",
+                              pg_type(as));
+    }
+    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type) {
+        return pg_refuse_type(why, "src1 must be F32 or %s (the vec_dot type of src0's %s), got %s",
+                              ggml_type_name(tr->vec_dot_type), pg_type(as), pg_type(b));
+    }
+    PG_NEED_ROWS(as, "src0", why);
+    PG_NEED_ROWS(b, "src1", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_out_prod: src0 F32 (out_prod_f32: src0 broadcast over dims
+ * 2 and 3), F16 (out_prod_f16_f32) or one of the quantized types of its switch
+ * (out_prod_q_f32: every quantized type with a CPU vec_dot, not Q8_1 or Q8_K); the F16
+ * and quantized kernels assert ne02 == ne12 and ne03 == ne13 (no broadcasting). src1 is
+ * read as float in all three (asserted in the F32 kernel, silently assumed in the
+ * others: an F16 src1 is read past its end); any strides. nb00 the element size and the
+ * result F32 (asserted). The work buffer (ne0 + a cache line floats per thread) fits
+ * ggml_graph_plan's ne00 floats per task + a cache line per thread. */
+static int rule_out_prod(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * b = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    if (ggml_nelements(t) == 0) {
+        return PYGGML_OK;        /* ggml_compute_forward skips an empty result */
+    }
+    enum ggml_type ta = a->type;
+    int quant = ggml_is_quantized(ta) && ta != GGML_TYPE_Q8_1 && ta != GGML_TYPE_Q8_K &&
+                ggml_get_type_traits(ta)->to_float != NULL;
+    if (!(ta == GGML_TYPE_F32 || ta == GGML_TYPE_F16 || quant)) {
+        return pg_refuse_type(why, "the CPU kernel does not take src0 of type %s (it takes F32, F16 and "
+                              "the quantized types with a CPU dot product)", pg_type(a));
+    }
+    if (b->type != GGML_TYPE_F32) {
+        return pg_refuse_type(why, "src1 must be F32 (every out_prod kernel reads it as float), got %s",
+                              pg_type(b));
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    if (ta != GGML_TYPE_F32 && (a->ne[2] != b->ne[2] || a->ne[3] != b->ne[3])) {
+        return pg_refuse(why, "a %s src0 cannot be broadcast (the kernel asserts ne02 == ne12 and ne03 == ne13): "
+                         "src0 ne=(%lld, %lld, %lld, %lld), src1 ne=(%lld, %lld, %lld, %lld)", pg_type(a),
+                         (long long) a->ne[0], (long long) a->ne[1], (long long) a->ne[2], (long long) a->ne[3],
+                         (long long) b->ne[0], (long long) b->ne[1], (long long) b->ne[2], (long long) b->ne[3]);
+    }
+    return PYGGML_OK;
+}
+
+const pg_named_rule pg_rules_matmul[] = {
+    {"MUL_MAT_ID", rule_mul_mat_id},
+    {"OUT_PROD", rule_out_prod},
+    {NULL, NULL},
+};
