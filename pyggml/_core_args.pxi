@@ -72,6 +72,16 @@ cdef size_t arg_size(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF:
     return v
 
 
+cdef size_t arg_size_i32(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF:
+    """A byte count or stride the builder stores in an int32 op param (set, acc): a larger
+    one would wrap silently."""
+    v = index_arg(v, arg, op)
+    if not 0 <= v <= 0x7FFFFFFF:
+        raise ArgumentError(f"{_where(op)}{arg} must be in [0, 2**31 - 1] (bytes: ggml keeps it in an int32), "
+                            f"got {v}")
+    return v
+
+
 cdef float arg_float(object v, str arg, str op) except? -1.0:
     if type(v) is float:
         return v

@@ -215,14 +215,21 @@ cdef void _async_release(_Async * st) noexcept nogil:
         free(st)
 
 
-cdef void _async_done(void * p) noexcept nogil:
-    """On the worker, after the compute: give the graph and the threadpool back."""
+cdef int _async_cleanup(_Async * st) except -1:
+    """Give the graph and the threadpool back (once: see pyggml_async_handoff)."""
+    keep = <object>st.keep
+    (<Graph>keep[0])._busy = False
+    _threadpool_release(st.tp)
+    Py_DECREF(keep)
+    return 0
+
+
+cdef void _async_done(void * p, int cleanup) noexcept nogil:
+    """On the worker, after the compute: clean up if the caller gave up waiting."""
     cdef _Async * st = <_Async *>p
-    with gil:
-        keep = <object>st.keep
-        (<Graph>keep[0])._busy = False
-        _threadpool_release(st.tp)
-        Py_DECREF(keep)
+    if cleanup:
+        with gil:
+            _async_cleanup(st)
     _async_release(st)
 
 
@@ -268,9 +275,12 @@ cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * 
         if st.a.checked:
             _raise_checked(st.a.check_rc, st.a.check_msg)
     except BaseException:
-        pyggml_async_abort(&st.a)         # ggml stops after the current node
+        if not done:
+            pyggml_async_abort(&st.a)     # ggml stops after the current node
         raise
     finally:
+        if pyggml_async_handoff(&st.a):   # the worker is past its compute: clean up here
+            _async_cleanup(st)
         _async_release(st)
     return status
 

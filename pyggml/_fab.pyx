@@ -163,6 +163,7 @@ def _probe_fab_batch_gqa_oob():
         end = flash_attn_back_offsets(tq, tk, tv)[3]
         r = _fab_node(ctx, tq, tk, tv, td, False, end // 4)
         r.numpy()[:] = 0
+        ctx._reserve(ggml_graph_overhead_custom(16, False), "the probe's graph")
         graph = ggml_new_graph_custom(ctx.ptr, 16, False)
         ggml_build_forward_expand(graph, r.ptr)
         plan = ggml_graph_plan(graph, 1, NULL)

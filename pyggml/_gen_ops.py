@@ -69,7 +69,7 @@ ENUM_CLASSES = {
 }
 # the Python builtins a family module must not shadow with an op of the same name (the
 # wrappers never call builtins, but helpers in the module might one day)
-FLAGS = {"inplace", "deprecated", "unbound", "impl=pyggml"}
+FLAGS = {"inplace", "deprecated", "unbound", "impl=pyggml", "i32params"}
 
 
 @dataclasses.dataclass
@@ -385,6 +385,8 @@ def gen_wrapper(op: Op, version: str) -> str:
             out.append(f"    cdef int c_{p.name} = _c.arg_enum({n}, {ENUMS[p.ctype]}, {q}, {op.name!r})")
         else:
             ct, cyt, _, conv = SCALARS[p.ctype]
+            if p.ctype == "size_t" and "i32params" in op.flags:
+                conv = "_c.arg_size_i32"     # the builder keeps it in an int32 op param
             out.append(f"    cdef {cyt} c_{p.name} = {conv}({n}, {q}, {op.name!r})")
     if "deprecated" in op.flags:
         out.append(f"    _c.deprecated({op.name!r})")

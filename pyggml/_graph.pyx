@@ -205,7 +205,7 @@ cdef class Graph:
                         unchecked += 1
                     elif rc != PYGGML_OK and refused == NULL:
                         refused = p
-                if p.data == NULL and unallocated == NULL:
+                if p.data == NULL and unallocated == NULL and ggml_nelements(p) != 0:
                     unallocated = p
                 if p.op == GGML_OP_FLASH_ATTN_BACK and p.src[0] != NULL and p.src[1] != NULL:
                     fab_mxdm = max(fab_mxdm, p.src[0].ne[0], (p.src[1].ne[1] + 63) // 64 * 64)

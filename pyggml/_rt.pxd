@@ -61,10 +61,11 @@ cdef extern from "pyggml_rt.h" nogil:
         int checked
         int check_rc
         char check_msg[1]
-        void (*on_done)(void *) noexcept nogil
+        void (*on_done)(void *, int) noexcept nogil
         void * on_done_arg
         int status
         int done
     int pyggml_async_start(pyggml_async * a)
     int pyggml_async_wait(pyggml_async * a, int timeout_ms)
     void pyggml_async_abort(pyggml_async * a)
+    int pyggml_async_handoff(pyggml_async * a)

@@ -63,6 +63,43 @@ def _probe_fab_work_size():
         return max(0, 4 * fab_kernel_work_floats(1, 1, 4) - g._plan_work_size(4))
 
 
+def _verdict(build):
+    """What the CPU kernel does with ``build(ctx)``'s node, pyggml's rules off: "ok",
+    "abort" or "out-of-bounds" (pyggml.opinfo.harness.kernel_verdict)."""
+    from pyggml.opinfo.harness import kernel_verdict
+
+    return kernel_verdict(build)
+
+
+def _probe_set_bounds():
+    import numpy as np
+
+    import pyggml
+
+    return _verdict(lambda ctx: pyggml.set_1d(ctx, ctx.from_numpy(np.zeros(1024, np.float32)),
+                                              ctx.from_numpy(np.ones(1, np.float32)), 4096))
+
+
+def _probe_pad_circular():
+    import numpy as np
+
+    import pyggml
+
+    return _verdict(lambda ctx: pyggml.pad_ext_circular(ctx, ctx.from_numpy(np.zeros((32, 32), np.float32)),
+                                                        64, 1, 0, 0, 0, 0, 0, 0))
+
+
+def _probe_cpy_to_q_work():
+    import numpy as np
+
+    import pyggml
+
+    def build(ctx):
+        dst = ctx.new_tensor(pyggml.Type.Q8_0, (32, 16))
+        return pyggml.cpy(ctx, ctx.from_numpy(np.ones((512,), np.float32)), dst)
+    return _verdict(build)
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="fab-builder-aborts",
@@ -255,6 +292,113 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp flash_attn_ext with F16 V (fewer than 64 rows, or the split-KV path)",
         action="not refused (precision): NMSE ~1e-5 at 500 keys against 5e-8 with an F32 V; "
                "tests/test_rules_attention.py bounds it",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="set-bounds-off-by-one",
+        title="ggml_set's bound check lets the last element of b end past a",
+        ops=("SET",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_set_f32/_i32: GGML_ASSERT(offset + sum (ne_i-1)*nb_i <= "
+              "nbytes) checks where the last element starts (ACC uses <)",
+        action="refused with UpstreamDefect when b's last element would end past a (tests/test_rules_layout.py)",
+        seen_in=("0.20.2",),
+        probe=_probe_set_bounds,
+        probe_unit="kernel verdict, rules off, of set_1d(a[1024], b[1], offset 4096) ('ok': fixed)",
+    ),
+    Defect(
+        id="pad-circular-left-oob",
+        title="circular PAD with a left pad longer than the extent reads before src0",
+        ops=("PAD",),
+        where="ggml-cpu/ops.cpp ggml_wrap_around: (i - lp + ne) % ne is negative for i < lp - ne",
+        action="refused with UpstreamDefect when a left pad exceeds its extent (right pads wrap correctly)",
+        seen_in=("0.20.2",),
+        probe=_probe_pad_circular,
+        probe_unit="kernel verdict, rules off, of pad_ext_circular of a 32x32 tensor by (64, 1) ('ok': fixed)",
+    ),
+    Defect(
+        id="cpy-quantized-reshape-oob",
+        title="a same-type quantized copy from a strided source into a reshaped result writes past it",
+        ops=("DUP", "CONT", "CPY"),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_dup_bytes, 'dst contiguous' branch: ne00 * type_size bytes "
+              "per row, counting elements as blocks",
+        action="refused with UpstreamDefect (tests/test_rules_layout.py shows the out-of-bounds write)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="cpy-f16-i32-work",
+        title="F16/BF16 -> I32 copies use a work buffer ggml_graph_plan does not reserve",
+        ops=("CPY",),
+        where="ggml-cpu/ops.cpp dup_to_q with I32's from_float goes through an F32 row in wdata; "
+              "ggml-cpu.c ggml_graph_plan reserves it only for quantized results, F16 <-> BF16 and F32 <-> I32",
+        action="refused with UpstreamDefect (the kernel is right when another node asks for a work buffer: "
+               "tests/test_rules_layout.py)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="cpy-to-q-work-size",
+        title="a copy into a quantized result with longer source rows overruns the work buffer",
+        ops=("CPY",),
+        where="ggml-cpu/ops.cpp dup_to_q uses ne00 + 16 floats per thread; ggml_graph_plan sizes the buffer "
+              "from the result's ne0",
+        action="refused with UpstreamDefect when src0's rows are longer than the result's",
+        seen_in=("0.20.2",),
+        probe=_probe_cpy_to_q_work,
+        probe_unit="kernel verdict, rules off, of cpy(f32[512], q8_0[32, 16]) ('ok': fixed)",
+    ),
+    Defect(
+        id="view-grad-overlap",
+        title="the backward pass of views (and SET's b) is wrong when the strides reach elements twice",
+        ops=("VIEW", "SET"),
+        where="ggml.c ggml_compute_backward, cases GGML_OP_VIEW (ggml_acc_or_set: ACC writes src0 + b row by row, "
+              "overwriting where it should add) and GGML_OP_SET (b gets the gradient of elements it overwrote)",
+        action="build_backward_expand refuses the graph with UpstreamDefect (csrc/backward.c)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="get-rows-back-strided-index",
+        title="GET_ROWS_BACK reads its indices as a packed array; GET_ROWS honours their strides",
+        ops=("GET_ROWS_BACK", "GET_ROWS"),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_get_rows_back_f32: ((int32_t *) src1->data)[i]; "
+              "ggml.c ggml_compute_backward passes GET_ROWS's indices as they are",
+        action="refused with UpstreamDefect (a strided index vector: the gradient of other rows, or a read "
+               "past the indices)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="pool-2d-back-f16-oob",
+        title="POOL_2D_BACK reads an F16 forward input as F32",
+        ops=("POOL_2D_BACK",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_pool_2d_back reads src1 as dst->type (always F32); "
+              "ggml_pool_2d accepts F16 input",
+        action="refused with UpstreamDefect (autodiff of pool_2d on F16 input reads past it)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="mul-mat-broadcast-grad",
+        title="the backward pass of a broadcast mul_mat aborts when b has ne[3] > 1",
+        ops=("MUL_MAT",),
+        where="ggml.c ggml_compute_backward, case GGML_OP_MUL_MAT: GGML_ASSERT(tmp->ne[3] == 1) before summing "
+              "a's gradient over the broadcast",
+        action="build_backward_expand refuses the graph with UpstreamDefect before ggml would abort",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="backward-strided-grad",
+        title="the backward pass hands transposed or permuted gradients to kernels that need packed rows",
+        ops=("SILU_BACK", "SOFT_MAX_BACK", "RMS_NORM_BACK", "REPEAT_BACK"),
+        where="ggml.c ggml_compute_backward passes ggml_transpose/ggml_permute views of the gradient on; "
+              "SILU_BACK then computes wrong values, the others abort",
+        action="the *_BACK kernel rules (csrc/rules_backward.c) refuse such nodes in build_backward_expand "
+               "with KernelPreconditionError",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="cross-entropy-grad-label-sum",
+        title="CROSS_ENTROPY_LOSS_BACK is the gradient only for label rows that sum to 1",
+        ops=("CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK"),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_cross_entropy_loss_back: (softmax(a) - b) / rows drops the "
+              "softmax term's factor sum(b)",
+        action="documented only: the labels are data (NMSE 0.94 for U(0,1) labels; tests/test_rules_mmtrain.py)",
         seen_in=("0.20.2",),
     ),
     Defect(

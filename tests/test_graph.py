@@ -222,12 +222,21 @@ def test_overhead_matches_context_accounting(ctx):
     assert ctx.used_mem - grads_before == pyggml.Graph.overhead(100, grads=True) > pyggml.Graph.overhead(100)
 
 
-def test_graph_with_empty_tensors_is_refused(ctx):
+def test_graph_with_empty_tensors_computes_like_numpy(ctx):
+    """ggml skips nodes without elements; a node that reads an empty tensor computes
+    over no elements (numpy's values: an empty sum is 0)"""
     a = ctx.new_tensor(Type.F32, (0, 3))
+    s = pyggml.sum(ctx, a)
+    e = pyggml.add(ctx, a, a)
+    m = pyggml.mul_mat(ctx, ctx.from_numpy(np.ones((4, 8), np.float32)), ctx.new_tensor(Type.F32, (8, 0)))
+    c = pyggml.concat(ctx, ctx.from_numpy(np.ones((3, 2), np.float32)), a, 0)     # ne (2, 3) and (0, 3)
     g = pyggml.Graph(ctx)
-    g.build_forward_expand(pyggml.sum(ctx, a))
-    with pytest.raises(ValueError, match="without data .*or empty"):
-        g.compute(1)
+    for t in (s, e, m, c):
+        g.build_forward_expand(t)
+    s.numpy()[:] = np.nan
+    g.compute(2)
+    assert s.numpy().tolist() == [0.0] and e.shape == e.numpy().shape == (3, 0)
+    assert m.shape == (0, 4) and np.array_equal(c.numpy(), np.ones((3, 2), np.float32))
 
 
 def test_concurrent_computes_of_different_graphs_agree():

@@ -10,8 +10,8 @@ get_rows' index type and shapes, set_rows' source/index types and contiguous row
 pad_reflect_1d's pads, roll's shifts, tri's type and layout, win_part's shape) cannot
 be reached through the builders; they are kept in the rules for nodes made otherwise.
 
-The last part documents the DUP/CONT/CPY rule of rules_core.c against the kernel: the
-cases it gets wrong are strict xfails until rules_core.c takes pg_rule_dup_layout.
+The last part checks the DUP/CONT/CPY rule against the kernel, including the cases an
+earlier rule got wrong (four of them upstream defects).
 """
 
 import math
@@ -81,7 +81,7 @@ def test_concat_quantized_needs_contiguous_rows():
 
 
 def test_concat_quantized_needs_whole_blocks():
-    refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "whole q8_0 blocks")
+    refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
     assert kernel_verdict(_concat_q_partial_blocks) == "abort"
 
 
@@ -127,7 +127,7 @@ def test_get_rows_needs_whole_blocks():
         a = q8(ctx, x)
         v = pyggml.view_2d(ctx, a, 48, 3, a.nb[1], 0)     # rows of 1.5 blocks
         return pyggml.get_rows(ctx, v, ctx.from_numpy(np.array([2, 0], np.int32)))
-    refused(build, pyggml.KernelPreconditionError, "whole q8_0 blocks")
+    refused(build, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
     # rules off: the kernel dequantizes floor(48/32) blocks: the last 16 values of each row
     # are never written (the result is filled with NaN before computing, to show it)
     with rules_disabled(), pyggml.Context(64 << 20) as ctx:
@@ -185,7 +185,7 @@ def test_set_rows_needs_whole_blocks():
         a = q8(ctx, x)
         v = pyggml.view_2d(ctx, a, 48, 2, a.nb[1], 0)     # rows of 1.5 blocks
         return pyggml.set_rows(ctx, v, f32(ctx, b), ctx.from_numpy(np.array([1], np.int64)))
-    refused(build, pyggml.KernelPreconditionError, "whole q8_0 blocks")
+    refused(build, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
     # rules off: only floor(48/32) blocks are quantized into row 1: values 32..47 stay 0
     with rules_disabled(), pyggml.Context(64 << 20) as ctx:
         t = build(ctx)
@@ -251,14 +251,15 @@ def test_set_misaligned_offset():
     assert out[0] != 0 and out[1] != 0 and np.float32(1.1) not in out
 
 
-def test_set_stride_truncated_by_the_builder():
-    """ggml_set_impl stores nb1..nb3 and offset as int32 op_params: a stride of 2**32 - 4
-    bytes becomes -4; the kernel then writes row 1 one element BEFORE row 0"""
-    def build(ctx):
-        return pyggml.set(ctx, f32(ctx, np.zeros((4, 6))), f32(ctx, [[1, 1, 1], [2, 2, 2]]), 2**32 - 4, 96, 96, 48)
-    refused(build, pyggml.KernelPreconditionError, "nb1 .-4 bytes.")
-    out = compute_unchecked(build).reshape(-1)
-    assert list(out[11:15]) == [2, 2, 2, 1]
+@pytest.mark.parametrize("nb1", [2**32 - 4, 2**32 + 24, 2**31])
+def test_set_stride_the_builder_would_truncate(nb1):
+    """ggml_set_impl stores nb1..nb3 and offset as int32 op_params: 2**32 - 4 would become
+    -4 (row 1 written one element BEFORE row 0), 2**32 + 24 silently 24: the wrapper
+    refuses any value the int32 cannot hold, before the builder"""
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.ArgumentError, match="nb1 must be in .0, 2..31 - 1. .bytes: ggml keeps it"):
+            pyggml.set(ctx, f32(ctx, np.zeros((4, 6))), f32(ctx, [[1, 1, 1], [2, 2, 2]]), nb1, 96, 96, 48)
+        pyggml.set(ctx, f32(ctx, np.zeros((4, 6))), f32(ctx, [[1, 1, 1], [2, 2, 2]]), 24, 96, 96, 48)
 
 
 def test_set_misaligned_stride():
@@ -455,12 +456,13 @@ def test_set_gradient_with_overlapping_rows_is_wrong():
     assert errs[0] < 1e-9 and errs[1] > 1e-2
 
 
-def test_get_rows_gradient_with_a_strided_index_vector_is_wrong():
+def test_get_rows_gradient_with_a_strided_index_vector_is_refused():
     """GET_ROWS reads its indices through their strides, GET_ROWS_BACK (its backward)
     reads them as packed int32: a strided index vector gets the gradient of other rows
-    (proposed defect get-rows-back-strided-index)"""
+    (defect get-rows-back-strided-index): refused; rules off, the gradient is wrong"""
     a_np = RNG.standard_normal((5, 3)).astype(np.float32)
-    with pyggml.Context(16 << 20) as ctx:
+
+    def backward(ctx):
         a = f32(ctx, a_np)
         pyggml.set_param(a)
         m = ctx.from_numpy(np.array([[1, 2], [3, 2], [0, 2], [1, 2]], np.int32))   # column 0: [1, 3, 0, 1]
@@ -470,14 +472,78 @@ def test_get_rows_gradient_with_a_strided_index_vector_is_wrong():
         pyggml.set_loss(loss)
         g = pyggml.Graph(ctx, 256, grads=True)
         g.build_forward_expand(loss)
-        try:
-            g.build_backward_expand()
-            g.compute(1)
-        except pyggml.UpstreamDefect:
-            return
+        g.build_backward_expand()
+        return g, a, r
+
+    with pyggml.Context(16 << 20) as ctx:
+        with pytest.raises(pyggml.UpstreamDefect, match="GET_ROWS honours their strides") as e:
+            backward(ctx)
+    assert e.value.defect == "get-rows-back-strided-index"
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        g, a, r = backward(ctx)
+        g.compute(1)
         assert np.array_equal(r.numpy(), a_np[[1, 3, 0, 1]])                        # forward: right
         counts = g.grad(a).numpy()[:, 0]
-        assert counts.tolist() == [0, 1, 2, 1, 0]            # the rows [1, 2, 3, 2]; right: [1, 2, 0, 1, 0]
+    assert counts.tolist() == [0, 1, 2, 1, 0]            # the rows [1, 2, 3, 2]; right: [1, 2, 0, 1, 0]
+
+
+def _overlapping_view_grad(ctx, nb1):
+    a = f32(ctx, np.arange(8.0))
+    pyggml.set_param(a)
+    v = pyggml.view_2d(ctx, a, 4, 2, nb1, 0)           # rows a[0:4] and a[nb1/4 : nb1/4 + 4]
+    w = f32(ctx, np.arange(8.0).reshape(2, 4) + 1)
+    loss = pyggml.sum(ctx, pyggml.mul(ctx, v, w))
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, 256, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    g.compute(1)
+    return g.grad(a).numpy().copy()
+
+
+def test_view_gradient_with_overlapping_rows_is_refused():
+    """a view whose rows overlap: ggml's backward ACC writes each row's gradient over the
+    one before where it should add (defect view-grad-overlap); rows that just fit are right"""
+    w = np.arange(8.0).reshape(2, 4) + 1
+    with pyggml.Context(16 << 20) as ctx:
+        with pytest.raises(pyggml.UpstreamDefect, match="reach some elements twice") as e:
+            _overlapping_view_grad(ctx, 8)
+    assert e.value.defect == "view-grad-overlap"
+    right = np.zeros(8)
+    right[0:4] += w[0]
+    right[2:6] += w[1]
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        got = _overlapping_view_grad(ctx, 8)
+    assert not np.allclose(got, right)
+    assert np.allclose(got[4:], right[4:]) and np.allclose(got[2:4], w[1, :2])   # the second row overwrote
+    # rows 16 bytes apart do not overlap (a[0:4], a[4:8] of a longer a is the usual case)
+    with pyggml.Context(16 << 20) as ctx:
+        a = f32(ctx, np.arange(8.0))
+        pyggml.set_param(a)
+        v = pyggml.view_2d(ctx, a, 4, 2, 16, 0)
+        loss = pyggml.sum(ctx, pyggml.mul(ctx, v, f32(ctx, w)))
+        pyggml.set_loss(loss)
+        g = pyggml.Graph(ctx, 256, grads=True)
+        g.build_forward_expand(loss)
+        g.build_backward_expand()
+        g.compute(1)
+        assert np.array_equal(g.grad(a).numpy(), w.reshape(-1))
+
+
+def test_set_gradient_of_an_overlapping_b_is_refused():
+    """SET writes b's rows in order, a later row overwriting an earlier one; ggml's backward
+    still hands the overwritten elements of b a gradient"""
+    with pyggml.Context(16 << 20) as ctx:
+        a = f32(ctx, np.zeros(8))
+        b = f32(ctx, np.ones((2, 4)))
+        pyggml.set_param(b)
+        loss = pyggml.sum(ctx, pyggml.set_2d(ctx, a, b, 8, 0))
+        pyggml.set_loss(loss)
+        g = pyggml.Graph(ctx, 256, grads=True)
+        g.build_forward_expand(loss)
+        with pytest.raises(pyggml.UpstreamDefect) as e:
+            g.build_backward_expand()
+    assert e.value.defect == "view-grad-overlap"
 
 
 @pytest.mark.parametrize("op, args", [
@@ -492,13 +558,9 @@ def test_backward_passes_that_abort(op, args):
         grad_check(registry()[op], Sample(args()))
 
 
-# --- DUP / CONT / CPY: rules_core.c rule_dup against ggml_compute_forward_dup ---------------
+# --- DUP / CONT / CPY: rules_layout.c rule_dup against ggml_compute_forward_dup ------------
 #
-# Each case: what the kernel does (rules off), and what pyggml should raise. The xfail
-# ones hold until rules_core.c's rule_dup is replaced by pg_rule_dup_layout
-# (rules_layout.c).
-
-PENDING = pytest.mark.xfail(strict=True, reason="rules_core.c rule_dup accepts it (see pg_rule_dup_layout)")
+# Each case: what the kernel does (rules off), and what pyggml raises.
 
 
 def _cont_q_reshaped(ctx):
@@ -525,7 +587,6 @@ def test_dup_bytes_quantized_reshape_overruns():
     assert kernel_verdict(_cont_q_reshaped) == "out-of-bounds"
 
 
-@PENDING
 def test_dup_bytes_quantized_reshape_refused():
     e = refused(_cont_q_reshaped, pyggml.UpstreamDefect, "another shape")
     assert e.defect == "cpy-quantized-reshape-oob"
@@ -547,7 +608,6 @@ def test_cpy_f16_to_i32_lacks_its_work_buffer():
         assert np.array_equal(c.numpy(), np.trunc(x.astype(np.float32)).astype(np.int32))
 
 
-@PENDING
 def test_cpy_f16_to_i32_refused_as_a_defect():
     e = refused(_cast_f16_i32, pyggml.UpstreamDefect, "work buffer")
     assert e.defect == "cpy-f16-i32-work"
@@ -558,7 +618,6 @@ def test_cpy_to_q_work_buffer_sized_from_the_result():
     assert kernel_verdict(_cpy_long_rows_to_q) == "out-of-bounds"
 
 
-@PENDING
 def test_cpy_to_q_work_buffer_refused_as_a_defect():
     e = refused(_cpy_long_rows_to_q, pyggml.UpstreamDefect, "work buffer")
     assert e.defect == "cpy-to-q-work-size"
@@ -569,7 +628,6 @@ def test_cpy_from_q8_k():
     assert kernel_verdict(_cast_q8_k) == "abort"
 
 
-@PENDING
 def test_cpy_from_q8_k_refused():
     refused(_cast_q8_k, pyggml.GGMLTypeError, "cannot dequantize")
 
@@ -586,7 +644,6 @@ def test_cpy_from_transposed_q():
     assert np.abs(out - deq.T).max() > 0.5
 
 
-@PENDING
 def test_cpy_from_transposed_q_refused():
     refused(lambda ctx: pyggml.cpy(ctx, pyggml.transpose(ctx, q8(ctx, np.zeros((64, 64)))),
                                    ctx.new_tensor(Type.F32, (64, 64))),
@@ -605,9 +662,8 @@ def test_cpy_from_q_partial_blocks():
     assert not np.allclose(out.reshape(-1), deq.reshape(-1))
 
 
-@PENDING
 def test_cpy_from_q_partial_blocks_refused():
-    refused(_cast_partial_blocks, pyggml.KernelPreconditionError, "whole q8_0 blocks")
+    refused(_cast_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
 
 
 def test_core_dup_rule_still_refuses_what_it_should():

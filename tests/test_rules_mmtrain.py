@@ -275,16 +275,16 @@ CASES = [
     ("rope_ext_back: negative n_dims", _rope(a_shape=(1, 128, 8), n_dims=-2), KPE, "got -2", ""),
     ("rope_ext_back: rows not contiguous", _rope(a_shape=(1, 8, 4), n_dims=4, layout="transposed"), KPE,
      "src0 must have contiguous rows", ""),
-    ("rope_multi_back: sections summing to 0", _mrope([2, -2, 0, 0]), KPE, "sections .2, -2, 0, 0. must be", ""),
-    ("rope_multi_back: no section among the first three", _mrope([0, 0, 0, 4]), KPE, "must be >= 0, one of", ""),
-    ("rope_multi_back: sections longer than ne0", _mrope([4, 4, 4, 0]), KPE, "sum to at most ne0 = 8", ""),
+    ("rope_multi_back: sections summing to 0", _mrope([2, -2, 0, 0]), KPE, "sections must be >= 0, got .2, -2, 0, 0.", ""),
+    ("rope_multi_back: no section among the first three", _mrope([0, 0, 0, 4]), KPE, r"needs sections\[0\], \[1\] or \[2\] > 0", ""),
+    ("rope_multi_back: sections longer than ne0", _mrope([4, 4, 4, 0]), KPE, "add up to 12, more than ne0 = 8", ""),
     ("rope_multi_back: VISION n_dims != ne0/2", _mrope([2, 2, 0, 0], n_dims=8, mode=ROPE_VISION), KPE,
      "VISION mode needs n_dims == ne0/2 = 4", ""),
     ("rope_ext_back: odd ne0 (upstream defect)", _rope(a_shape=(1, 4, 5), n_dims=4), pyggml.UpstreamDefect,
-     "ne0 = 5 is odd", "rope-odd-ne0-oob"),
+     "ne0 = 5 is odd", "rope-odd-ne0"),
     ("rope_ext_back: n_dims/2 freq factors (upstream defect)", _rope(a_shape=(1, 1, 16), n_dims=8, ff=4,
                                                                      mode=ROPE_NEOX),
-     pyggml.UpstreamDefect, "reads ne0/2 = 8 freq factors", "rope-freq-factors-oob"),
+     pyggml.UpstreamDefect, "each of the ne0/2 = 8 pairs", "rope-freq-factors-oob"),
     # IM2COL_BACK
     ("im2col_back: F16 gradient", _im2col_back(g_type=F16), TYPE_ERR, "gradient .src0. of type f16", ""),
     ("im2col_back: BF16 kernel", _im2col_back(k_type=BF16), TYPE_ERR, "kernel .src1. of type bf16", ""),
@@ -436,7 +436,7 @@ def test_get_rows_back_reads_its_indices_as_an_array():
     def build(ctx):
         return pyggml.get_rows_back(ctx, t_(ctx, a), strided_vector(ctx, [2, 0, 1], np.int32),
                                     t_(ctx, np.zeros((3, 4))))
-    with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="indices .src1. must be contiguous"):
+    with pyggml.Context(1 << 20) as ctx, pytest.raises(pyggml.UpstreamDefect, match="indices .src1. must be contiguous"):
         build(ctx)
     # the filler between the indices is 99: keep it in range, so the kernel stays in bounds
     def build_safe(ctx):
@@ -454,7 +454,7 @@ def test_rope_back_reads_positions_and_freq_factors_as_arrays():
     def build_pos(ctx):
         return pyggml.rope_ext_back(ctx, t_(ctx, dy), strided_vector(ctx, [0, 1, 2], np.int32), None, 4,
                                     ROPE_NORMAL, *PLAIN_ROPE)
-    with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="positions .src1. must be contiguous"):
+    with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="positions .src1. must have contiguous rows"):
         build_pos(ctx)
     got = compute_unchecked(build_pos)
     want = ref_rope_ext_back(dy.astype(np.float64), np.array([0, 1, 2]), None, 4, ROPE_NORMAL, *PLAIN_ROPE)
@@ -463,7 +463,7 @@ def test_rope_back_reads_positions_and_freq_factors_as_arrays():
     def build_ff(ctx):
         return pyggml.rope_ext_back(ctx, t_(ctx, dy), t_(ctx, [0, 1, 2], Type.I32), strided_vector(ctx, [1.0, 2.0]),
                                     4, ROPE_NORMAL, *PLAIN_ROPE)
-    with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="freq factors .src2. must have contiguous rows"):
+    with pyggml.Context(1 << 20) as ctx, pytest.raises(KPE, match="frequency factors .src2. must have contiguous rows"):
         build_ff(ctx)
     got = compute_unchecked(build_ff)
     want = ref_rope_ext_back(dy.astype(np.float64), np.array([0, 1, 2]), np.array([1.0, 2.0]), 4, ROPE_NORMAL,
@@ -578,17 +578,21 @@ def test_autodiff_inserts_backward_nodes_the_rules_accept(forward):
                                       ((1, 1, 3, 4), (2, 1, 2, 4))])
 def test_upstream_mul_mat_backward_aborts_for_a_broadcast_a_and_a_4d_b(ash, bsh):
     # ggml.c ggml_compute_backward, case GGML_OP_MUL_MAT: GGML_ASSERT(tmp->ne[3] == 1)
-    # when src0 is broadcast and src1 has ne3 > 1 (proposed defect "mul-mat-broadcast-grad")
+    # when src0 is broadcast and src1 has ne3 > 1 (defect "mul-mat-broadcast-grad"): refused
+    # by build_backward_expand; with pyggml's checks off, ggml aborts
     info = registry()["mul_mat"]
     s = Sample((Arg(rnd(ash).astype(np.float64)), Arg(rnd(bsh, 1).astype(np.float64))))
-    with pytest.raises(pyggml.GGMLAbort, match=r"tmp->ne\[3\] == 1"):
+    with pytest.raises(pyggml.UpstreamDefect, match="asserts b's ne.3. == 1") as e:
+        grad_check(info, s)
+    assert e.value.defect == "mul-mat-broadcast-grad"
+    with rules_disabled(), pytest.raises(pyggml.GGMLAbort, match=r"tmp->ne\[3\] == 1"):
         grad_check(info, s)
 
 
 def test_upstream_cross_entropy_gradient_assumes_labels_sum_to_one():
     # ops.cpp ggml_compute_forward_cross_entropy_loss_back computes (softmax(a) - b)/rows, the
     # gradient of the forward kernel's -sum(b * log_softmax(a))/rows only when each row of b
-    # sums to 1 (proposed defect "cross-entropy-grad-label-sum")
+    # sums to 1 (defect "cross-entropy-grad-label-sum")
     info = registry()["cross_entropy_loss"]
     rng = np.random.default_rng(17)
     labels = rng.uniform(0.0, 1.0, (3, 5))
@@ -602,7 +606,7 @@ def test_upstream_autodiff_hands_row_kernels_a_transposed_gradient():
     # ggml.c ggml_compute_backward, case GGML_OP_TRANSPOSE: ggml_transpose(grad) is passed on
     # as is; SILU_BACK then reads it with contiguous rows and computes a wrong gradient
     # (SOFT_MAX_BACK and RMS_NORM_BACK abort). pyggml's rules refuse the backward pass
-    # (proposed defect "backward-strided-grad").
+    # (defect "backward-strided-grad").
     x = rnd((2, 3, 4), 18)
 
     def graph(ctx):

@@ -216,13 +216,17 @@ static void * async_main(void * p) {
     } else {
         status = ggml_graph_compute(a->graph, a->plan);
     }
+    /* before done is set: a caller that sees done has not handed the clean-up over */
+    const int handed_over = pyggml_async_handoff(a);
+    void (*on_done)(void *, int) = a->on_done;
+    void * on_done_arg = a->on_done_arg;
     pthread_mutex_lock(&a->mu);
     a->status = status;
     a->done = 1;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
-    if (a->on_done != NULL) {
-        a->on_done(a->on_done_arg);      /* the caller's clean-up (it takes the GIL) */
+    if (on_done != NULL) {
+        on_done(on_done_arg, handed_over);  /* handed over: the caller gave up waiting */
     }
     return NULL;
 }
@@ -231,6 +235,7 @@ int pyggml_async_start(pyggml_async * a) {
     pthread_attr_t attr;
     a->done = 0;
     a->abort = 0;
+    a->handoff = 0;
     a->status = 0;
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
@@ -259,6 +264,10 @@ int pyggml_async_wait(pyggml_async * a, int timeout_ms) {
     int done = a->done;
     pthread_mutex_unlock(&a->mu);
     return done;
+}
+
+int pyggml_async_handoff(pyggml_async * a) {
+    return __atomic_exchange_n(&a->handoff, 1, __ATOMIC_ACQ_REL);
 }
 
 void pyggml_async_abort(pyggml_async * a) {

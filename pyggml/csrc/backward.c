@@ -40,6 +40,31 @@ static int ptrset_has(pg_ptrset * s, const void * p) {
     return added == 0;
 }
 
+/* Whether two of the elements that strides nb (over ne, elements of elsize bytes) reach
+ * share bytes: the dims taken by increasing stride, each must step past the span of
+ * the ones before it. Exact for the layouts views make (strides that nest). */
+static int strides_overlap(const int64_t ne[4], const size_t nb[4], size_t elsize) {
+    int order[4], k = 0;
+    for (int d = 0; d < 4; d++) {
+        if (ne[d] > 1) {
+            int j = k++;
+            while (j > 0 && nb[order[j - 1]] > nb[d]) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = d;
+        }
+    }
+    size_t span = elsize;
+    for (int i = 0; i < k; i++) {
+        if (nb[order[i]] < span) {
+            return 1;
+        }
+        span += nb[order[i]] * (size_t) (ne[order[i]] - 1);
+    }
+    return 0;
+}
+
 int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect) {
     pg_why why = {msg, cap, NULL};
     pg_ptrset needs = {0};      /* tensors whose gradient is needed (params and what they feed) */
@@ -48,6 +73,9 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
     *defect = NULL;
     if (cap > 0) {
         msg[0] = '\0';
+    }
+    if (!pg_rules_enabled()) {
+        return PYGGML_OK;
     }
     int n = ggml_graph_n_nodes(graph);
     /* backwards from the losses: which nodes ggml_compute_backward will see a gradient of */
@@ -110,6 +138,34 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
                 why.defect = "soft-max-alibi-grad";
                 rc = pg_refuse(&why, "node %d (SOFT_MAX) with max_bias=%g (ALiBi): ggml's backward pass builds a "
                                "SOFT_MAX_BACK whose CPU kernel asserts max_bias == 0", i, (double) max_bias);
+            }
+        }
+        /* ggml.c, case GGML_OP_MUL_MAT: a's gradient, out_prod(b, grad), is summed back over a
+         * broadcast a by a 4-d view that asserts b has ne[3] == 1 */
+        if (op_is(t, "MUL_MAT") && src_needs[0] && t->src[1]->ne[3] > 1 &&
+            (t->src[0]->ne[2] != t->src[1]->ne[2] || t->src[0]->ne[3] != t->src[1]->ne[3])) {
+            why.defect = "mul-mat-broadcast-grad";
+            rc = pg_refuse(&why, "node %d (MUL_MAT) of a broadcast a (ne2, ne3 = %lld, %lld) by b (%lld, %lld): "
+                           "ggml's backward pass asserts b's ne[3] == 1 for a's gradient and would abort", i,
+                           (long long) t->src[0]->ne[2], (long long) t->src[0]->ne[3],
+                           (long long) t->src[1]->ne[2], (long long) t->src[1]->ne[3]);
+        }
+        /* ggml.c, cases GGML_OP_VIEW and GGML_OP_SET: the gradient goes through ACC (or a view
+         * of the gradient) with the view's strides; when they make elements overlap, ACC
+         * writes instead of adding, and SET's b gets the gradient of elements it overwrote */
+        if ((op_is(t, "VIEW") && src_needs[0]) || (op_is(t, "SET") && src_needs[1])) {
+            const int is_set = op_is(t, "SET");
+            const struct ggml_tensor * v = is_set ? t->src[1] : t;
+            const int32_t * p = (const int32_t *) t->op_params;
+            const size_t nb[4] = {ggml_type_size(t->type), is_set ? (size_t) p[0] : t->nb[1],
+                                  is_set ? (size_t) p[1] : t->nb[2], is_set ? (size_t) p[2] : t->nb[3]};
+            if (ggml_blck_size(t->type) == 1 && strides_overlap(v->ne, nb, nb[0])) {
+                why.defect = "view-grad-overlap";
+                rc = pg_refuse(&why, "node %d (%s) whose strides (%zu, %zu, %zu, %zu) over ne=(%lld, %lld, %lld, "
+                               "%lld) reach some elements twice: ggml's backward pass would overwrite their "
+                               "gradients where it should add them", i, ggml_op_name(t->op), nb[0], nb[1], nb[2],
+                               nb[3], (long long) v->ne[0], (long long) v->ne[1], (long long) v->ne[2],
+                               (long long) v->ne[3]);
             }
         }
         /* ggml.c, case GGML_OP_MEAN: ggml_add1_or_set of a [1, ne1, ne2, ne3] gradient: when src0

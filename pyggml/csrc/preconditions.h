@@ -21,6 +21,9 @@ typedef struct pg_why {
 
 typedef int (*pg_rule)(const struct ggml_tensor * t, pg_why * why);
 
+/* 0 while tests turn the rules off (pyggml_checks_set_enabled): the backward checks too */
+int pg_rules_enabled(void);
+
 int pg_refuse(pg_why * why, const char * fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

@@ -84,9 +84,13 @@ PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * 
  * So that a caller waiting for a long compute can return at once on Ctrl-C: the compute
  * runs on a detached thread; the caller waits in slices (pyggml_async_wait) and checks
  * for signals between them; pyggml_async_abort makes ggml stop after the current node
- * (the plan's abort callback). on_done(on_done_arg) runs on the worker at the end, after
- * done is set: the owner's clean-up (pyggml: releases the graph's memory and busy flag).
- * The struct must live until then. */
+ * (the plan's abort callback). The clean-up (pyggml: the graph's busy flag, the
+ * threadpool, the memory) is done once, by whichever of the two calls
+ * pyggml_async_handoff second (it returns 1): the worker calls it before setting done,
+ * the caller after its wait, or when it gives up waiting. The worker ends with
+ * on_done(on_done_arg, cleanup), cleanup = 1 when the clean-up is its own: a caller that
+ * waited to the end always cleans up itself, so the worker takes no GIL then. The struct
+ * must live until on_done. */
 #include <pthread.h>
 typedef struct pyggml_async {
     struct ggml_cgraph * graph;
@@ -94,11 +98,12 @@ typedef struct pyggml_async {
     int checked;            /* compute through pyggml_compute_checked (index ops) */
     int check_rc;           /* its result */
     char check_msg[PYGGML_MSG_CAP];
-    void (*on_done)(void *);
+    void (*on_done)(void *, int cleanup);
     void * on_done_arg;
     int status;             /* ggml_status, valid once done */
     int done;
     int abort;
+    int handoff;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -107,6 +112,7 @@ typedef struct pyggml_async {
 PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an errno value */
 PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
+PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);        /* 1: the caller cleans up */
 
 /* --- the forked dry run (a safety net) ---------------------------------------------------
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through

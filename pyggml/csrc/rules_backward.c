@@ -109,8 +109,10 @@ static int rule_rms_norm_back(const struct ggml_tensor * t, pg_why * why) {
 /* ops.cpp ggml_compute_forward_get_rows_back_f32/_f32_f16: src0 (the rows) F32 or F16 with
  * nb[0] the element size (asserted); the result F32 and contiguous (asserted); the
  * indices (src1, I32) read as a flat array, one row of src0 per index (row i at
- * i*nb[1]: src0 needs as many rows). The index values are data: one outside the
- * result's rows writes out of bounds, which no rule can see. */
+ * i*nb[1]: src0 needs as many rows). GET_ROWS reads the same indices through their
+ * strides, and autodiff hands GET_ROWS_BACK GET_ROWS's indices as they are: strided
+ * ones are an upstream defect (get-rows-back-strided-index). The index values are data,
+ * checked right before the node runs (indices.c). */
 static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * ids = t->src[1];
@@ -122,8 +124,9 @@ static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
     }
     PG_NEED_ROWS(a, "src0", why);
     if (!rows_packed(ids) || !ggml_is_contiguous(ids)) {
-        return refuse_layout(why, "the indices (src1)", "be contiguous (the kernel reads them as a flat array)",
-                             ids);
+        why->defect = "get-rows-back-strided-index";
+        return refuse_layout(why, "the indices (src1)", "be contiguous (the kernel reads them as a flat array, "
+                             "where GET_ROWS honours their strides)", ids);
     }
     if (a->ne[1] < ggml_nelements(ids)) {
         return pg_refuse(why, "src0 must have a row per index: %lld indices, src0 "
@@ -156,80 +159,8 @@ static int rule_soft_max_back(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-static int rope_mode_known(int mode) {
-    return mode == GGML_ROPE_TYPE_NORMAL || mode == GGML_ROPE_TYPE_NEOX || mode == GGML_ROPE_TYPE_MROPE ||
-#ifdef GGML_ROPE_TYPE_IMROPE
-           mode == GGML_ROPE_TYPE_IMROPE ||
-#endif
-           mode == GGML_ROPE_TYPE_VISION;
-}
-
-/* ops.cpp ggml_compute_forward_rope_back -> rope_flt<T>(forward = false), the kernel of
- * ROPE with sin negated: src0 F32 or F16 and the result of its type; nb0 == nb00 ==
- * sizeof(T) (asserted); positions (src1, I32) read as a flat array; mode one of the
- * switch's (else GGML_ABORT); 0 <= n_dims <= ne0 and n_dims even (asserted, but for
- * the sign: a negative n_dims copies "the rest" from n_dims, before the row); MROPE:
- * one of sections[0..2] > 0 and their sum <= ne0 (asserted), the sum nonzero (it is a
- * divisor); VISION: n_dims == ne0/2 (asserted); freq factors (src2) F32 read as a flat
- * array. Two upstream defects: the tail copy (dims n_dims..ne0) moves two elements at a
- * time, so an odd ne0 reads and writes one element past each row (past the tensor for
- * the last row); the angle cache reads freq_factors[i0/2] for every i0 < ne0, while
- * the builder and the kernel only assert n_dims/2 of them. */
-static int rule_rope_back(const struct ggml_tensor * t, pg_why * why) {
-    const struct ggml_tensor * a = t->src[0];
-    const struct ggml_tensor * pos = t->src[1];
-    const struct ggml_tensor * ff = t->src[2];
-    PG_NEED_SRC(t, 0, why);
-    PG_NEED_SRC(t, 1, why);
-    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16, why);
-    if (ggml_nelements(t) == 0) {
-        return PYGGML_OK;
-    }
-    const int n_dims = t->op_params[1];
-    const int mode = t->op_params[2];
-    const int64_t ne0 = a->ne[0];
-    if (!rope_mode_known(mode)) {
-        return pg_refuse(why, "mode %d is not one the CPU kernel knows (NORMAL, NEOX, MROPE, IMROPE, VISION)",
-                         mode);
-    }
-    if (n_dims < 0 || n_dims > ne0 || n_dims % 2 != 0) {
-        return pg_refuse(why, "n_dims must be even and in [0, ne0 = %lld], got %d", (long long) ne0, n_dims);
-    }
-    PG_NEED_ROWS(a, "src0", why);
-    if (!rows_packed(pos) || !ggml_is_contiguous(pos)) {
-        return refuse_layout(why, "the positions (src1)", "be contiguous (the kernel reads them as a flat array)",
-                             pos);
-    }
-    const int is_vision = mode == GGML_ROPE_TYPE_VISION;
-    if (mode & GGML_ROPE_TYPE_MROPE) {
-        const int32_t * s = t->op_params + 11;
-        if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[3] < 0 || (s[0] == 0 && s[1] == 0 && s[2] == 0) ||
-            (int64_t) s[0] + s[1] + s[2] + s[3] > ne0) {
-            return pg_refuse(why, "sections (%d, %d, %d, %d) must be >= 0, one of the first three > 0, and sum "
-                             "to at most ne0 = %lld", s[0], s[1], s[2], s[3], (long long) ne0);
-        }
-    }
-    if (is_vision && n_dims != ne0 / 2) {
-        return pg_refuse(why, "VISION mode needs n_dims == ne0/2 = %lld, got %d", (long long) (ne0 / 2), n_dims);
-    }
-    if (ff != NULL) {
-        if (!rows_packed(ff)) {
-            return refuse_layout(why, "the freq factors (src2)", "have contiguous rows", ff);
-        }
-        if (ff->ne[0] < (ne0 + 1) / 2) {
-            why->defect = "rope-freq-factors-oob";
-            return pg_refuse(why, "the kernel reads ne0/2 = %lld freq factors (one per pair of the whole row, "
-                             "not n_dims/2 = %d), src2 has %lld: it would read past src2",
-                             (long long) ((ne0 + 1) / 2), n_dims / 2, (long long) ff->ne[0]);
-        }
-    }
-    if (!is_vision && ne0 % 2 != 0) {
-        why->defect = "rope-odd-ne0-oob";
-        return pg_refuse(why, "ne0 = %lld is odd: the kernel copies the dims past n_dims = %d two at a time and "
-                         "reads and writes one element past each row", (long long) ne0, n_dims);
-    }
-    return PYGGML_OK;
-}
+/* ROPE_BACK runs ROPE's kernel (rope_flt with forward = false): pg_rule_rope
+ * (rules_attention.c) is its rule too. */
 
 /* ops.cpp ggml_compute_forward_im2col_back_f32: src0 (the gradient of im2col's columns)
  * F32 and src1 (the kernel, for its KW and KH only) F32 or F16 (asserted); the result
@@ -334,7 +265,7 @@ const pg_named_rule pg_rules_backward[] = {
     {"RMS_NORM_BACK", rule_rms_norm_back},
     {"GET_ROWS_BACK", rule_get_rows_back},
     {"SOFT_MAX_BACK", rule_soft_max_back},
-    {"ROPE_BACK", rule_rope_back},
+    {"ROPE_BACK", pg_rule_rope},
     {"IM2COL_BACK", rule_im2col_back},
     {"POOL_2D_BACK", rule_pool_2d_back},
     {"CROSS_ENTROPY_LOSS_BACK", rule_cross_entropy_loss_back},

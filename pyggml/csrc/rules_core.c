@@ -17,8 +17,27 @@ static int rule_noop(const struct ggml_tensor * t, pg_why * why) {
  * last element the strides reach lies inside the source's data (no view reaches foreign
  * memory), and that the offset and row strides are multiples of the element (block) size
  * (kernels load elements at those addresses: a misaligned float load is undefined). */
+/* A quantized tensor's rows hold whole blocks: ggml_row_size asserts it, but only in
+ * debug builds; ggml_nbytes (and every kernel) divides ne[0] by the block size. */
+static int need_whole_blocks(const struct ggml_tensor * t, pg_why * why) {
+    const int64_t qk = ggml_blck_size(t->type);
+    if (qk > 1 && t->ne[0] % qk != 0) {
+        return pg_refuse(why, "a %s view or reshape needs rows of whole blocks of %lld elements, got ne[0] = %lld",
+                         pg_type(t), (long long) qk, (long long) t->ne[0]);
+    }
+    return PYGGML_OK;
+}
+
+static int rule_reshape(const struct ggml_tensor * t, pg_why * why) {
+    return need_whole_blocks(t, why);
+}
+
 static int rule_view(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * base = t->view_src;
+    const int blocks = need_whole_blocks(t, why);
+    if (blocks != PYGGML_OK) {
+        return blocks;
+    }
     if (base == NULL || ggml_nelements(t) == 0) {
         return PYGGML_OK;
     }
@@ -221,55 +240,6 @@ static int rule_diag_mask(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_dup (DUP, CONT, CPY): same type (bytes copied); between
- * F32/F16/BF16; F32 <-> I32; a quantized source only to F32 (dup_from_q: its rows
- * contiguous and whole blocks per row unless the result is contiguous); to a quantized
- * result from F32/F16/BF16 with contiguous source rows of whole blocks, into a
- * contiguous result (dup_to_q). */
-static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
-    const struct ggml_tensor * a = t->src[0];
-    PG_NEED_SRC(t, 0, why);
-    enum ggml_type ta = a->type, td = t->type;
-    if (ggml_nelements(a) != ggml_nelements(t)) {
-        return pg_refuse(why, "src0 has %lld elements, the result %lld",
-                         (long long) ggml_nelements(a), (long long) ggml_nelements(t));
-    }
-    if (ta == td) {
-        return PYGGML_OK;
-    }
-    if (pg_is_float(ta) && pg_is_float(td)) {
-        return PYGGML_OK;
-    }
-    if ((ta == GGML_TYPE_F32 && td == GGML_TYPE_I32) || (ta == GGML_TYPE_I32 && td == GGML_TYPE_F32)) {
-        return PYGGML_OK;
-    }
-    if (ggml_is_quantized(ta) && td == GGML_TYPE_F32 && t->op == GGML_OP_CPY) {
-        const int64_t qk = ggml_blck_size(ta);
-        PG_NEED_ROWS(t, "the result", why);
-        if (t->ne[0] % qk != 0 && !ggml_is_contiguous(t)) {
-            return pg_refuse(why, "the result must be contiguous or have rows of whole %s blocks (%lld)",
-                             pg_type(a), (long long) qk);
-        }
-        return PYGGML_OK;
-    }
-    if (pg_is_float(ta) && ggml_is_quantized(td) && ggml_get_type_traits_cpu(td)->from_float != NULL) {
-        const int64_t qk = ggml_blck_size(td);
-        PG_NEED_CONTIGUOUS(t, "the (quantized) result", why);
-        PG_NEED_ROWS(a, "src0", why);
-        if (a->ne[0] % qk != 0) {
-            return pg_refuse(why, "src0 rows (ne[0] = %lld) must hold whole %s blocks of %lld",
-                             (long long) a->ne[0], pg_type(t), (long long) qk);
-        }
-        if (a->ne[0] > t->ne[0]) {
-            /* the kernel's per-thread work buffer is sized from the result's rows */
-            return pg_refuse(why, "src0 rows (ne[0] = %lld) longer than the result's (%lld) overrun the "
-                             "work buffer ggml plans for this copy", (long long) a->ne[0], (long long) t->ne[0]);
-        }
-        return PYGGML_OK;
-    }
-    return pg_refuse_type(why, "the CPU kernel does not copy %s to %s", pg_type(a), pg_type(t));
-}
-
 /* ops.cpp ggml_compute_forward_flash_attn_back_f32: all F32, q/k/v rows contiguous,
  * M >= N, int-sized loops; batch + GQA overruns the result (a known upstream defect) */
 static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
@@ -306,7 +276,7 @@ static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
 const pg_named_rule pg_rules_core[] = {
     {"NONE", rule_noop},
     {"VIEW", rule_view},
-    {"RESHAPE", rule_noop},
+    {"RESHAPE", rule_reshape},
     {"PERMUTE", rule_noop},
     {"TRANSPOSE", rule_noop},
     {"ADD", pg_rule_binary},
@@ -323,9 +293,6 @@ const pg_named_rule pg_rules_core[] = {
     {"SOFT_MAX", rule_soft_max},
     {"DIAG_MASK_INF", rule_diag_mask},
     {"DIAG_MASK_ZERO", rule_diag_mask},
-    {"DUP", rule_dup},
-    {"CONT", rule_dup},
-    {"CPY", rule_dup},
     {"FLASH_ATTN_BACK", rule_flash_attn_back},
     {NULL, NULL},
 };

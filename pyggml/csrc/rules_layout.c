@@ -1,7 +1,6 @@
 /* Kernel rules for the [layout] family: concat, get_rows, set_rows, set, diag, pad,
- * pad_reflect_1d, roll, tri, arange, win_part, win_unpart. (DUP/CONT/CPY, REPEAT and the
- * views have their rules in rules_core.c; pg_rule_dup_layout below is a proposed
- * replacement for rules_core.c's rule_dup, not registered here.)
+ * pad_reflect_1d, roll, tri, arange, win_part, win_unpart, and the copies DUP/CONT/CPY.
+ * (REPEAT and the views have their rules in rules_core.c.)
  * Each rule cites the ggml-cpu function (ggml-cpu/ops.cpp) whose assertions, type
  * switch and silent assumptions it mirrors. */
 #include "rules.h"
@@ -145,7 +144,7 @@ static int rule_set_rows(const struct ggml_tensor * t, pg_why * why) {
  * copied as 4-byte words of a's type, whatever b's type (so b must have a's type). The
  * strides and offset (op_params, int32) place b in a's memory: the kernel asserts the
  * START of b's last element lies within a (offset + sum (ne_i - 1)*nb_i <= nbytes), so
- * an element at the very end is written past a (proposed defect set-bounds-off-by-one);
+ * an element at the very end is written past a (defect set-bounds-off-by-one);
  * pyggml asks for the last element's END, and, as for views, for offsets and strides
  * that are multiples of the element size (the kernel stores floats there). */
 static int rule_set(const struct ggml_tensor * t, pg_why * why) {
@@ -383,18 +382,17 @@ static int rule_win_unpart(const struct ggml_tensor * t, pg_why * why) {
 
 /* ---------------------------------------------------------------------------------------- */
 
-/* PROPOSED replacement for rules_core.c rule_dup (DUP, CONT, CPY), not registered: see
- * the [layout] report. ggml_compute_forward_dup:
+/* DUP, CONT, CPY: ggml_compute_forward_dup:
  *  - same type: dup_bytes. Types of 1-element blocks: any layout. Block (quantized)
  *    types: both contiguous (memcpy), or the same shape with block rows (nb[0] = block
  *    size) copied row by row, or a non-contiguous result with block rows on both sides
  *    (copied block by block). A contiguous result of another shape from a non-contiguous
  *    source takes the branch that copies ne00 * type_size bytes per row, counting
- *    elements as blocks: qk times too much (proposed defect cpy-quantized-reshape-oob).
+ *    elements as blocks: qk times too much (defect cpy-quantized-reshape-oob).
  *  - F32/F16/BF16 between themselves, F32 <-> I32: dup_flt, any layout.
  *  - F16/BF16 -> I32: dup_to_q with I32's from_float, but ggml_graph_plan plans no work
  *    buffer for it (only quantized results, F16 <-> BF16, F32 <-> I32): the kernel writes
- *    its F32 row into a NULL or short buffer (proposed defect cpy-f16-i32-work).
+ *    its F32 row into a NULL or short buffer (defect cpy-f16-i32-work).
  *  - F32/F16/BF16 -> quantized: dup_to_q: a from_float, a contiguous result, contiguous
  *    source rows of whole blocks; its per-thread buffer holds src0 rows but the plan
  *    sizes it from the result's rows (ne00 > ne0 overruns it; defect cpy-to-q-work-size).
@@ -403,8 +401,7 @@ static int rule_win_unpart(const struct ggml_tensor * t, pg_why * why) {
  *    block addresses from element indices), result rows contiguous and of whole blocks
  *    unless the result is contiguous (asserted).
  *  - every other pair aborts. */
-int pg_rule_dup_layout(const struct ggml_tensor * t, pg_why * why);
-int pg_rule_dup_layout(const struct ggml_tensor * t, pg_why * why) {
+static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     const struct ggml_tensor * a = t->src[0];
     enum ggml_type ta = a->type, td = t->type;
@@ -490,6 +487,9 @@ int pg_rule_dup_layout(const struct ggml_tensor * t, pg_why * why) {
 }
 
 const pg_named_rule pg_rules_layout[] = {
+    {"DUP", rule_dup},
+    {"CONT", rule_dup},
+    {"CPY", rule_dup},
     {"CONCAT", rule_concat},
     {"GET_ROWS", rule_get_rows},
     {"SET_ROWS", rule_set_rows},

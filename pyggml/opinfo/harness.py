@@ -85,58 +85,74 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return pyggml.quantize(Type.BF16, flat).view(np.uint16).reshape(x.shape)
 
 
+def _base(arg: Arg) -> np.ndarray:
+    """The values laid out as the tensor that stores them (numpy order): the Arg's own
+    values for "contiguous", the source of the transpose, permute or strided view else."""
+    v = np.asarray(arg.value)
+    if arg.layout == "contiguous":
+        return v
+    if arg.layout == "transposed":
+        if v.ndim < 2:
+            raise ValueError("a transposed Arg needs 2 or more dims")
+        return np.ascontiguousarray(np.swapaxes(v, -1, -2))
+    if arg.layout == "permuted":
+        lg = v.reshape((1,) * (4 - v.ndim) + v.shape).transpose(3, 2, 1, 0)        # ggml order
+        return np.ascontiguousarray(lg.transpose(arg.perm).transpose(3, 2, 1, 0))  # numpy order
+    if arg.layout == "strided":
+        if Type(arg.type).is_quantized or v.ndim < 2:
+            raise ValueError("a strided Arg needs a plain type and 2 or more dims")
+        big = np.zeros(v.shape[:-1] + (2 * v.shape[-1],))
+        big[..., :v.shape[-1]] = v
+        return big
+    raise ValueError(f"unknown layout {arg.layout!r}")
+
+
+def _raw(arg: Arg) -> tuple[np.ndarray, Type | None]:
+    """What from_numpy gets for the storing tensor, and the type= to pass. Values are
+    rounded (or quantized) once, here: the tensor and the reference both come from
+    these bits (quantizing dequantized values again is not idempotent for every type)."""
+    t = Type(arg.type)
+    base = _base(arg)
+    if t == Type.BF16:
+        return _bf16(base), Type.BF16
+    if t.is_quantized:
+        return pyggml.quantize(t, base.astype(np.float32)), t
+    return base.astype(t.numpy_dtype), None
+
+
 def stored(arg: Arg) -> np.ndarray:
     """The values an Arg has once stored in its ggml type (what the reference sees)."""
+    raw, t = _raw(arg)
     v = np.asarray(arg.value)
-    t = Type(arg.type)
-    if t == Type.F32:
-        return v.astype(np.float32).astype(np.float64)
-    if t == Type.F16:
-        return v.astype(np.float16).astype(np.float64)
-    if t == Type.BF16:
-        bits = _bf16(v)
-        return pyggml.dequantize(Type.BF16, bits, v.shape).astype(np.float64)
-    if t.is_quantized:
-        return pyggml.dequantize(t, pyggml.quantize(t, v.astype(np.float32)), v.shape).astype(np.float64)
-    return v.astype(t.numpy_dtype)
-
-
-def _raw(arg: Arg, values: np.ndarray) -> tuple[np.ndarray, Type | None]:
-    """The array to hand to from_numpy for these values, and the type= to pass."""
-    t = Type(arg.type)
-    if t == Type.BF16:
-        return _bf16(values), Type.BF16
-    if t.is_quantized:
-        return pyggml.quantize(t, values.astype(np.float32)), t
-    return values.astype(t.numpy_dtype), None
+    base_shape = _base(arg).shape
+    if t is not None:       # BF16 or quantized: decode the very bits the tensor gets
+        base = pyggml.dequantize(t, raw, base_shape).astype(np.float64)
+    elif np.issubdtype(raw.dtype, np.floating):
+        base = raw.astype(np.float64)
+    else:
+        base = raw
+    if arg.layout == "transposed":
+        return np.swapaxes(base, -1, -2)
+    if arg.layout == "permuted":
+        lg = base.transpose(3, 2, 1, 0).transpose(np.argsort(arg.perm))
+        return lg.transpose(3, 2, 1, 0).reshape(v.shape)
+    if arg.layout == "strided":
+        return base[..., :v.shape[-1]]
+    return base
 
 
 def _tensor(ctx: pyggml.Context, arg: Arg) -> pyggml.Tensor:
-    values = stored(arg)
-    layout = arg.layout
-    if layout == "contiguous":
-        raw, t = _raw(arg, values)
-        return ctx.from_numpy(raw, type=t)
-    if layout == "transposed":
-        if values.ndim < 2:
-            raise ValueError("a transposed Arg needs 2 or more dims")
-        raw, t = _raw(arg, np.ascontiguousarray(np.swapaxes(values, -1, -2)))
-        return pyggml.transpose(ctx, ctx.from_numpy(raw, type=t))
-    if layout == "permuted":
-        lg = values.reshape((1,) * (4 - values.ndim) + values.shape).transpose(3, 2, 1, 0)   # ggml order
-        base = np.ascontiguousarray(lg.transpose(arg.perm).transpose(3, 2, 1, 0))          # numpy order
-        raw, t = _raw(arg, base)
-        return pyggml.permute(ctx, ctx.from_numpy(raw, type=t), *arg.perm)
-    if layout == "strided":
-        if Type(arg.type).is_quantized or values.ndim < 2:
-            raise ValueError("a strided Arg needs a plain type and 2 or more dims")
-        big = np.zeros(values.shape[:-1] + (2 * values.shape[-1],))
-        big[..., :values.shape[-1]] = values
-        raw, t = _raw(arg, big)
-        whole = ctx.from_numpy(raw, type=t)
-        ne = tuple(reversed(values.shape)) + (1,) * (4 - values.ndim)
-        return pyggml.view_4d(ctx, whole, ne[0], ne[1], ne[2], ne[3], whole.nb[1], whole.nb[2], whole.nb[3], 0)
-    raise ValueError(f"unknown layout {layout!r}")
+    raw, t = _raw(arg)
+    whole = ctx.from_numpy(raw, type=t)
+    if arg.layout == "contiguous":
+        return whole
+    if arg.layout == "transposed":
+        return pyggml.transpose(ctx, whole)
+    if arg.layout == "permuted":
+        return pyggml.permute(ctx, whole, *arg.perm)
+    v = np.asarray(arg.value)       # strided: a view of the first half of each row
+    ne = tuple(reversed(v.shape)) + (1,) * (4 - v.ndim)
+    return pyggml.view_4d(ctx, whole, ne[0], ne[1], ne[2], ne[3], whole.nb[1], whole.nb[2], whole.nb[3], 0)
 
 
 def _nbytes_hint(sample: Sample) -> int:
