@@ -5,7 +5,8 @@ def quantize(type, x, imatrix=None):
     """quantize(type, x, imatrix=None) -> ndarray of uint8
 
     ``x`` (float32, rows along the last axis, each row a whole number of the type's
-    blocks) in ggml's block layout for ``type`` (``ggml_quantize_chunk``): shape
+    blocks) in ggml's block layout for ``type`` (``ggml_quantize_chunk``; Q8_1 and Q8_K,
+    the dot-product types it leaves out, through their row quantizers): shape
     ``x.shape[:-1] + (row bytes,)``, as :meth:`Context.from_numpy` takes it with
     ``type=`` and :meth:`Tensor.blocks` shows it. F16 and BF16 give their bits as
     bytes. ``imatrix`` (float32, one weight per column) is passed on; the types that

@@ -95,7 +95,6 @@ def test_get_rows_from_a_quantized_table(ctx):
     ((Type.I32, X), pyggml.GGMLTypeError, "is not a quantized, F16, BF16 or F32 type"),
     ((Type.Q4_0, X[:, :40]), pyggml.ArgumentError, "rows of 40 values are not whole Q4_0 blocks of 32"),
     ((Type.IQ2_XXS, X), pyggml.ArgumentError, "needs an importance matrix"),
-    ((Type.Q8_1, X), pyggml.GGMLAbort, r"GGML_ASSERT\(result == nrows \* row_size\)"),
 ])
 def test_quantize_errors(args, exc, match):
     with pytest.raises(exc, match=match):
@@ -110,3 +109,37 @@ def test_dequantize_errors():
         pyggml.dequantize(Type.Q4_0, q, (4, 500))
     with pytest.raises(pyggml.GGMLTypeError, match="no to_float for I32"):
         pyggml.dequantize(Type.I32, q, (4, 512))
+
+
+def test_quantize_q8_1_matches_its_block_layout():
+    """Q8_1 (Q4_1's dot-product type), which ggml_quantize_chunk leaves out: per block of
+    32, d = amax/127 (F16), s = d * sum(q) (F16), q = round(x/d) as int8"""
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    raw = pyggml.quantize(Type.Q8_1, x)
+    blocks = raw.reshape(2, 2, 36)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    s = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 4:].view(np.int8).astype(np.int32)
+    xb = x.reshape(2, 2, 32)
+    amax = np.abs(xb).max(-1)
+    np.testing.assert_allclose(d, amax / 127, rtol=1e-3)
+    want_q = np.round(xb / (amax / 127)[..., None])
+    assert np.abs(q - want_q).max() <= 1 and np.mean(q == want_q) > 0.95
+    np.testing.assert_allclose(s, (amax / 127) * q.sum(-1), rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("wtype, btype", [(Type.Q4_1, Type.Q8_1), (Type.Q4_K, Type.Q8_K)])
+def test_mul_mat_with_b_already_in_the_dot_product_type(ctx, wtype, btype):
+    """mul_mat converts an F32 b into a's dot-product type itself: handing it b quantized
+    by pyggml.quantize gives the very same result"""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((3, 256)).astype(np.float32)
+    b = rng.standard_normal((2, 256)).astype(np.float32)
+    a = ctx.from_numpy(pyggml.quantize(wtype, w), type=wtype)
+    r_f32 = pyggml.mul_mat(ctx, a, ctx.from_numpy(b))
+    r_q = pyggml.mul_mat(ctx, a, ctx.from_numpy(pyggml.quantize(btype, b), type=btype))
+    got_f32, got_q = compute(ctx, r_f32), compute(ctx, r_q)
+    assert np.array_equal(got_f32, got_q)
+    wd = pyggml.dequantize(wtype, pyggml.quantize(wtype, w), w.shape).astype(np.float64)
+    # b rounded to 8 bits: ~amax/127/sqrt(12) per value, over 256 products: ~0.1
+    np.testing.assert_allclose(got_q, b @ wd.T, rtol=0, atol=0.4)

@@ -12,6 +12,7 @@ import pytest
 
 import pyggml
 from pyggml import Type
+from pyggml.opinfo.harness import rules_disabled
 
 
 def run_isolated(code, timeout=120):
@@ -230,3 +231,26 @@ def test_array_likes_and_huge_strides_raise_as_documented(ctx):
         pyggml.view_2d(ctx, a, 2, 2, 2 ** 64, 0)
     with pytest.raises(pyggml.GGMLTypeError):
         ctx.from_numpy([object()])
+
+
+def _rope(ctx, ne0, n_dims):
+    a = pyggml.reshape_3d(ctx, ctx.from_numpy(np.ones((3, ne0), np.float32)), ne0, 1, 3)
+    pos = ctx.from_numpy(np.arange(3, dtype=np.int32))
+    return pyggml.rope_ext(ctx, a, pos, None, n_dims, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("ne0, n_dims, where", [
+    (8, -2, "wrote 8 bytes before the start of"),      # the tail copy starts at n_dims = -2
+    (5, 4, "past the end of"),                         # odd ne0: one element past each row
+])
+def test_the_guarded_proof_sees_a_kernel_write_outside_its_tensor(ne0, n_dims, where):
+    """With pyggml's rules off (they refuse both nodes), the proof that runs before a
+    graph's first compute (every tensor between guard pages, canaries in the gaps)
+    catches the write and names the tensor"""
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        r = _rope(ctx, ne0, n_dims)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(r)
+        with pytest.raises(pyggml.UpstreamDefect, match=where + r' node "node_1" \(ROPE') as e:
+            g.compute(1)
+        assert e.value.defect == "kernel-out-of-bounds"

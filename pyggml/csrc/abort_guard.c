@@ -192,7 +192,20 @@ int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * ds
     volatile int ok = 0;
     pyggml_guard_enter(g);
     if (setjmp(g->env) == 0) {
-        ggml_quantize_chunk((enum ggml_type) type, src, dst, 0, nrows, n_per_row, imatrix);
+        if (type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K) {
+            /* the dot-product types ggml_quantize_chunk leaves out: their row quantizers
+             * (the reference one of ggml-base where there is one, else the CPU backend's) */
+            ggml_from_float_t row = ggml_get_type_traits((enum ggml_type) type)->from_float_ref;
+            if (row == NULL) {
+                row = ggml_get_type_traits_cpu((enum ggml_type) type)->from_float;
+            }
+            const size_t row_size = ggml_row_size((enum ggml_type) type, n_per_row);
+            for (int64_t r = 0; r < nrows; r++) {
+                row(src + r * n_per_row, (char *) dst + r * row_size, n_per_row);
+            }
+        } else {
+            ggml_quantize_chunk((enum ggml_type) type, src, dst, 0, nrows, n_per_row, imatrix);
+        }
         pyggml_guard_leave(g);
         ok = 1;
     }

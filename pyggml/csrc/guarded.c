@@ -1,8 +1,11 @@
 /* The guarded compute: a graph computed with every tensor's data (and the work buffer)
- * moved into memory of its own, between two PROT_NONE guard pages, the few bytes
- * between its end and the guard page filled with a canary. Meant for a forked child
- * (pyggml_dry_run): a kernel that reads or writes past a tensor faults on a guard page,
- * or damages the canary, and the child says which tensor before it dies.
+ * moved into memory of its own, between two PROT_NONE guard pages: its data ends flush
+ * against the back guard (up to 3 bytes short, for 4-byte alignment; the work buffer
+ * keeps GGML_MEM_ALIGN), and the bytes from the front guard to its start and from its
+ * end to the back guard are filled with a canary byte of that region's own (so a
+ * kernel that copies one tensor's canary into another is seen too). Meant for a forked
+ * child (pyggml_dry_run): a kernel that reads or writes past a tensor faults on a guard
+ * page, or damages a canary, and the child says which tensor before it dies.
  * See pyggml_rt.h. */
 #define _GNU_SOURCE
 #include "pyggml_rt.h"
@@ -19,8 +22,8 @@
 #include "ggml-cpu.h"
 #include "ptrset.h"
 
-#define CANARY 0xA5
-#define ALIGN 16          /* data start alignment: GGML_MEM_ALIGN */
+#define ALIGN_DATA 4      /* tensors: floats stay aligned, the slack is at most 3 bytes */
+#define ALIGN_WORK 16     /* the work buffer: GGML_MEM_ALIGN, as ggml hands it out */
 
 typedef struct region {
     char * map;           /* the mapping: [guard][... data + canary][guard] */
@@ -28,6 +31,7 @@ typedef struct region {
     char * data;
     size_t nbytes;
     size_t slack;         /* canary bytes between data + nbytes and the back guard */
+    unsigned char canary; /* this region's: also fills the bytes from the front guard to data */
     char what[200];       /* "node 3 (MUL_MAT) f32 ne=(...)", preformatted for the handler */
 } region;
 
@@ -79,8 +83,13 @@ static void on_guard_fault(int sig, siginfo_t * info, void * context) {
     raise(sig);
 }
 
-static int add_region(struct ggml_tensor * t, size_t nbytes, const char * what) {
-    size_t padded = (nbytes + ALIGN - 1) / ALIGN * ALIGN;
+/* region i's canary byte: distinct for 255 regions in a row, never 0 */
+static unsigned char canary_of(int i) {
+    return (unsigned char) (1 + (0xA4 + 97 * i) % 255);
+}
+
+static int add_region(struct ggml_tensor * t, size_t nbytes, size_t align, const char * what) {
+    size_t padded = (nbytes + align - 1) / align * align;
     size_t body = (padded + page - 1) / page * page;
     if (body == 0) {
         body = page;
@@ -92,13 +101,15 @@ static int add_region(struct ggml_tensor * t, size_t nbytes, const char * what) 
     }
     mprotect(map, page, PROT_NONE);
     mprotect(map + len - page, page, PROT_NONE);
-    region * r = &regions[n_regions++];
+    region * r = &regions[n_regions];
+    r->canary = canary_of(n_regions++);
     r->map = map;
     r->map_len = len;
     r->nbytes = nbytes;
     r->data = map + len - page - padded;
     r->slack = padded - nbytes;
-    memset(r->data + nbytes, CANARY, r->slack);
+    memset(map + page, r->canary, (size_t) (r->data - (map + page)));
+    memset(r->data + nbytes, r->canary, r->slack);
     snprintf(r->what, sizeof r->what, "%s", what);
     if (t != NULL) {
         memcpy(r->data, t->data, nbytes);
@@ -153,7 +164,7 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
         struct ggml_tensor * t = all[i];
         if (t->view_src == NULL && t->data != NULL && ggml_nbytes(t) > 0) {
             describe(t, t->op == GGML_OP_NONE ? "leaf" : "node", what, sizeof what);
-            if (add_region(t, ggml_nbytes(t), what) != 0) {
+            if (add_region(t, ggml_nbytes(t), ALIGN_DATA, what) != 0) {
                 snprintf(msg, cap, "guarded compute: out of memory");
                 return -1;
             }
@@ -168,7 +179,7 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
     struct ggml_cplan plan = ggml_graph_plan(graph, 1, NULL);
     size_t work = plan.work_size > min_work ? plan.work_size : min_work;
     if (work > 0) {
-        add_region(NULL, work, "the work buffer");
+        add_region(NULL, work, ALIGN_WORK, "the work buffer");
         plan.work_data = (uint8_t *) regions[n_regions - 1].data;
     }
     struct sigaction action;
@@ -182,7 +193,7 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
         region * r = &regions[i];
         size_t damaged = 0;
         for (size_t k = 0; k < r->slack; k++) {
-            if ((unsigned char) r->data[r->nbytes + k] != CANARY) {
+            if ((unsigned char) r->data[r->nbytes + k] != r->canary) {
                 damaged = k + 1;
             }
         }
@@ -190,6 +201,15 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
             snprintf(msg, cap, "pyggml guarded compute: a kernel wrote %zu bytes past the end of %s",
                      damaged, r->what);
             return 1;
+        }
+        const unsigned char * front = (const unsigned char *) r->map + page;
+        const size_t n_front = (size_t) ((const unsigned char *) r->data - front);
+        for (size_t k = 0; k < n_front; k++) {
+            if (front[k] != r->canary) {
+                snprintf(msg, cap, "pyggml guarded compute: a kernel wrote %zu bytes before the start of %s",
+                         n_front - k, r->what);
+                return 1;
+            }
         }
     }
     return 0;
