@@ -144,7 +144,8 @@ def build_info():
 
     Keys: ``ggml_version``, ``ggml_commit``, ``ggml_source`` (``pypi:...`` or
     ``src:PATH`` for a vendored build, ``system:CONFIG_DIR`` for an installed
-    ggml), ``mem_align``, ``native`` and ``openmp`` (None for a system ggml),
+    ggml), ``mem_align``, ``native`` (None for a system ggml) and ``openmp`` (for a
+    system ggml: whether an OpenMP runtime is loaded),
     ``features`` (the compile-time feature checks).
     """
     return {
@@ -153,7 +154,7 @@ def build_info():
         "ggml_source": PYGGML_GGML_ORIGIN.decode(),
         "mem_align": GGML_MEM_ALIGN,
         "native": _flag(PYGGML_NATIVE_FLAG),
-        "openmp": _flag(PYGGML_OPENMP_FLAG),
+        "openmp": _flag(PYGGML_OPENMP_FLAG, pyggml_openmp_loaded() != 0),
         "features": {
             "ggml_version": bool(PYGGML_HAVE_GGML_VERSION),
             "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),
@@ -161,10 +162,10 @@ def build_info():
     }
 
 
-cdef object _flag(const char * value):
+cdef object _flag(const char * value, object seen=None):
     v = value.decode().upper()
     if v == "UNKNOWN":
-        return None          # a system ggml: pyggml did not build it
+        return seen          # a system ggml: pyggml did not build it (None: cannot tell)
     return v in ("ON", "1", "TRUE", "YES")
 
 

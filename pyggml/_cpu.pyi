@@ -5,6 +5,7 @@ from typing import final
 from pyggml._graph import Graph
 
 DEFAULT_N_THREADS: int
+OPENMP: bool
 
 def _threadpool_busy() -> bool: ...
 def _free_threadpool() -> None: ...

@@ -44,12 +44,15 @@ cdef extern from "pyggml_config.h":
 # so pyggml keeps one and lends it to one compute at a time (the GIL guards the
 # flag); a concurrent compute gets NULL, ggml's disposable pool. A system ggml may
 # be built without OpenMP, where a threadpool owns spinning threads: there pyggml
-# never caches.
+# never caches. Whether a system ggml uses OpenMP is seen from the libraries loaded.
 
 cdef ggml_threadpool * _tp = NULL
 cdef int _tp_threads = 0
 cdef bint _tp_busy = False
-cdef bint _tp_allowed = PYGGML_OPENMP_FLAG.decode().upper() in ("ON", "1", "TRUE", "YES")
+cdef str _omp_flag = PYGGML_OPENMP_FLAG.decode().upper()
+cdef bint _tp_allowed = (_omp_flag in ("ON", "1", "TRUE", "YES") or
+                         (_omp_flag == "UNKNOWN" and pyggml_openmp_loaded() != 0))
+OPENMP = bool(_tp_allowed)      # the ggml computing here uses OpenMP
 
 
 cdef ggml_threadpool * _threadpool_acquire(int n_threads):

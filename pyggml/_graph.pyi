@@ -2,8 +2,11 @@
 
 from typing import Any, final
 
+from typing_extensions import disjoint_base
+
 from pyggml._core import Context, Tensor
 
+@disjoint_base
 class Executor: ...
 
 def _set_default_executor(executor: Executor) -> None: ...

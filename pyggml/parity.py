@@ -156,14 +156,14 @@ def path_autodiff(q, k, v, d, masked, n_threads=None):
 
 def torch_available() -> bool:
     try:
-        import torch  # noqa: F401
+        import torch  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 def path_torch(q, k, v, d, masked, n_threads=None):
-    import torch
+    import torch  # type: ignore[import-not-found]
 
     if n_threads:
         torch.set_num_threads(n_threads)

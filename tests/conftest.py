@@ -38,3 +38,12 @@ def compute(ctx, t, n_threads=2):
     g.build_forward_expand(t)
     g.compute(n_threads)
     return t.numpy().copy()
+
+
+def needs_op(name):
+    """skip unless the linked ggml has builder ``name`` with the table's signature (a test
+    run against an older ggml by scripts/ci_upstream.py)"""
+    from pyggml import _optable
+
+    row = next(r for r in _optable.OPS if r["name"] == name)
+    return pytest.mark.skipif(not row["available"], reason=row.get("reason") or f"{name} not in this ggml")

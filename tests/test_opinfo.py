@@ -57,7 +57,8 @@ def _grad_cases():
 
 def test_every_op_in_the_registry_is_a_bound_row():
     for name in REG:
-        assert name in ROWS and _callable(name), name
+        # (whether this ggml has it: tests/test_optable.py; samples of a missing one skip)
+        assert name in ROWS and ("impl=pyggml" not in ROWS[name]["flags"] or hasattr(pyggml, name)), name
 
 
 @pytest.mark.parametrize("info, t, sample", list(_cases()))

@@ -3,6 +3,7 @@
 #include "pyggml_rt.h"
 #include "ggml-cpu.h"
 
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -285,4 +286,18 @@ int pyggml_async_handoff(pyggml_async * a) {
 
 void pyggml_async_abort(pyggml_async * a) {
     __atomic_store_n(&a->abort, 1, __ATOMIC_RELAXED);
+}
+
+/* --- is an OpenMP runtime loaded? ------------------------------------------------------ */
+
+static int find_openmp(struct dl_phdr_info * info, size_t size, void * data) {
+    (void) size;
+    (void) data;
+    const char * name = info->dlpi_name;
+    return name != NULL && (strstr(name, "libgomp") != NULL || strstr(name, "libomp") != NULL ||
+                            strstr(name, "libiomp") != NULL);
+}
+
+int pyggml_openmp_loaded(void) {
+    return dl_iterate_phdr(find_openmp, NULL) != 0;
 }

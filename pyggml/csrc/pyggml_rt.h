@@ -112,7 +112,11 @@ typedef struct pyggml_async {
 PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an errno value */
 PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
-PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);        /* 1: the caller cleans up */
+PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);
+
+/* 1 when an OpenMP runtime (libgomp, libomp, libiomp) is loaded in the process: a system
+ * ggml's build flags are unknown, its libraries are not */
+PYGGML_RT_API int pyggml_openmp_loaded(void);        /* 1: the caller cleans up */
 
 /* --- the forked dry run (a safety net) ---------------------------------------------------
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
