@@ -451,6 +451,26 @@ cdef class Graph:
         """
         _executor.run(self, n_threads)
 
+    def to_dot(self):
+        """to_dot() -> str: the graph as Graphviz DOT text (nodes, ops, types, shapes, op
+        params, gradients), as ``ggml_graph_dump_dot`` shows it (pyggml.graphviz)."""
+        from pyggml.graphviz import to_dot
+        return to_dot(self)
+
+    def draw(self, path, format=None):
+        """draw(path, format=None): a picture of the graph (SVG, PNG, ... from the path's
+        suffix), through Graphviz's ``dot`` program."""
+        from pyggml.graphviz import draw
+        draw(self, path, format)
+
+    def _repr_svg_(self):
+        """The graph as SVG in a notebook (None when Graphviz's ``dot`` is missing)."""
+        import shutil
+        if shutil.which("dot") is None:
+            return None
+        from pyggml.graphviz import to_svg
+        return to_svg(self)
+
     def work_size(self, n_threads):
         """work_size(n_threads) -> int: bytes of work buffer ``compute(n_threads)`` allocates."""
         return _executor.work(self, n_threads, False)
