@@ -1,7 +1,8 @@
 """Pictures of ggml graphs: Graphviz DOT text, SVG or PNG.
 
 ``to_dot(graph)`` shows what ``ggml_graph_dump_dot`` shows: one record per node (name,
-op, type, shape, op params) in execution order, the leafs they read, an edge per source
+op, type, shape, op params: ints, or floats where the bits are not a small int) in
+execution order, the leafs they read, an edge per source
 labelled with its slot, parameters and losses coloured, and with gradients, each
 gradient and the node it belongs to joined by a dashed edge. ``draw(graph, path)``
 runs Graphviz's ``dot`` program on it, which must be installed (it is not a Python
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -45,11 +47,19 @@ def _ne(t: Tensor) -> str:
     return "[" + ", ".join(str(n) for n in ne) + "]"
 
 
+def _param(v: int) -> str:
+    """An op param as an int, or as the float32 its bits hold when they are not a small int
+    (eps, scales and frequencies are floats in op_params)."""
+    if -65536 < v < 65536:
+        return str(v)
+    return f"{struct.unpack('<f', struct.pack('<i', v))[0]:g}"
+
+
 def _params(t: Tensor) -> str:
     p = list(t.op_params)
     while p and p[-1] == 0:
         p.pop()
-    return "" if not p else "params " + " ".join(str(v) for v in p[:8]) + (" ..." if len(p) > 8 else "")
+    return "" if not p else "params " + " ".join(_param(v) for v in p[:8]) + (" ..." if len(p) > 8 else "")
 
 
 def _op(t: Tensor) -> str:
@@ -99,7 +109,7 @@ def to_dot(graph: Graph) -> str:
     for i, t in enumerate(nodes):
         lines.append(f'  n{i} [label = "{_label(t, f"node_{i}")}", fillcolor = {_color(t, t in is_grad)}];')
     for j, t in enumerate(leafs):
-        lines.append(f'  l{j} [label = "{_label(t, f"leaf_{j}")}", fillcolor = {_color(t, False)}, '
+        lines.append(f'  l{j} [label = "{_label(t, f"leaf_{j}")}", fillcolor = {_color(t, t in is_grad)}, '
                      f'style = "filled,rounded"];')
     for i, t in enumerate(nodes):
         for slot, s in enumerate(t.src):

@@ -41,9 +41,10 @@ def test_to_dot_shows_every_node_leaf_and_source(ctx):
     assert names == {f"n{i}" for i in range(g.n_nodes)} | {"l0", "l1"}
     labels = {n.get_name(): n.get_label() for n in dot.get_nodes()}
     ops = [labels[f"n{i}"] for i in range(g.n_nodes)]
-    assert "RMS_NORM (f32)" in ops[0] and "[4, 2]" in ops[0] and "params" in ops[0]
-    assert "UNARY:SILU (f32)" in ops[2] and "SUM (f32)" in ops[3] and "[1]" in ops[3]
-    assert sorted(labels[k].split("|")[0].strip("{ ") for k in ("l0", "l1")) == ["w", "x"]
+    assert "RMS_NORM (f32) | [4, 2] | params 1e-06" in ops[0]          # eps: float bits
+    assert f"UNARY:SILU (f32) | [4, 2] | params {int(pyggml.UnaryOp.SILU)}" in ops[2]
+    assert "SUM (f32) | [1]" in ops[3]
+    assert sorted(labels[k].split("|")[0].strip('"{ ') for k in ("l0", "l1")) == ["w", "x"]
     edges = {(e.get_source(), e.get_destination(), e.get_label()) for e in dot.get_edges()}
     want = {(src_id, f"n{i}", f'"src{slot}"')
             for i, t in enumerate(g.nodes) for slot, s in enumerate(t.src) if s is not None
@@ -56,7 +57,7 @@ def test_to_dot_shows_parameters_losses_and_gradients(ctx):
     text = g.to_dot()
     dot = _parse(text)
     colors = {n.get_name(): n.get_fillcolor() for n in dot.get_nodes()}
-    labels = {n.get_name(): n.get_label() for n in dot.get_nodes()}
+    labels = {n.get_name(): n.get_label() or "" for n in dot.get_nodes()}
     (w_id,) = [k for k, v in labels.items() if v.startswith('"{w |')]
     assert colors[w_id] == "yellow"
     assert "lightcoral" in colors.values()
