@@ -159,7 +159,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_acc_f32: GGML_ASSERT(offset + ... < ggml_nbytes(dst)) "
               "checks where the last float starts, not where it ends",
         action="refused with UpstreamDefect when the last element would end past the result (a write of up "
-               "to 3 bytes past it, which pyggml's guarded proof catches)",
+               "to 3 bytes past it, which pyggml's guarded proof catches); reachable only with an offset that "
+               "is not a multiple of 4, for aligned offsets the check is exact",
         seen_in=("0.20.2",),
     ),
     Defect(

@@ -81,7 +81,8 @@ def test_acc_past_the_end_is_refused_and_really_out_of_bounds():
                        16, 32, 32, 1 << 31)
         out = compute(ctx, build(ctx, 28))         # the last float, exactly: accepted and right
         assert out.reshape(-1)[-1] == 1.0 and out.sum() == 1.0
-    assert kernel_verdict(lambda c: build(c, 29)) == "out-of-bounds"
+    # (in the sanitizer build, UBSan stops the misaligned float store at byte 29 first)
+    assert kernel_verdict(lambda c: build(c, 29)) == ("abort" if pyggml._core.ASAN else "out-of-bounds")
     assert kernel_verdict(lambda c: build(c, 32)) == "abort"
 
 
