@@ -65,6 +65,11 @@ def stored(x, dtype=F32):
     return np.asarray(x).astype(dtype).astype(np.float64)
 
 
+def transposed(ctx, x):
+    """x (numpy order) as the transpose of a contiguous tensor: rows not contiguous"""
+    return pyggml.transpose(ctx, ctx.from_numpy(np.ascontiguousarray(np.swapaxes(x, -1, -2)).astype(F32)))
+
+
 # --- every op of the family has a rule ------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -278,7 +283,7 @@ def test_conv_2d_dw_direct_contiguous_data_needs_a_contiguous_kernel():
     """with contiguous (WHCN) data the kernel is indexed as packed [KW, KH, 1, C]: a
     transposed kernel is read in the wrong order (no assert)"""
     k = vals((3, 1, 3, 2))
-    at = lambda ctx: pyggml.transpose(ctx, ctx.from_numpy(np.ascontiguousarray(k.swapaxes(-1, -2)).astype(F32)))  # noqa: E731
+    at = lambda ctx: transposed(ctx, k)                              # noqa: E731
     refused(_dw(a=at), pyggml.KernelPreconditionError, "with contiguous data the kernel .src0. must be contiguous")
     want = C._ref_conv_2d_dw(stored(k), stored(vals((2, 3, 5, 6))), 1, 1, 1, 1, 1, 1)
     got = compute_unchecked(_dw(a=at))
@@ -440,7 +445,7 @@ def test_pool_kernel_size_zero():
 
 def test_pool_rows_contiguous():
     x = vals((2, 3, 6, 6))
-    at = lambda ctx: pyggml.transpose(ctx, ctx.from_numpy(np.ascontiguousarray(x.swapaxes(-1, -2)).astype(F32)))  # noqa: E731
+    at = lambda ctx: transposed(ctx, x)                              # noqa: E731
     refused(_pool1(a=at), pyggml.KernelPreconditionError, "src0 must have contiguous rows")
     want1 = C._ref_pool_1d(stored(x), OpPool.MAX, 2, 2, 0)
     assert not np.allclose(compute_unchecked(_pool1(a=at)).reshape(want1.shape), want1, atol=1e-3)
@@ -465,8 +470,8 @@ def test_pool_2d_planes():
     refused(_pool2(a=more), pyggml.KernelPreconditionError, "planes must be evenly spaced by nb.2.")
     assert kernel_verdict(_pool2(a=more)) == "out-of-bounds"
     x = vals((3, 2, 6, 6))
-    fewer = lambda ctx: pyggml.permute(ctx, ctx.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)).astype(F32)),  # noqa: E731
-                                       0, 1, 3, 2)
+    def fewer(ctx):            # dims 2 and 3 swapped: nb3 = nb2 / ne3, too few planes
+        return pyggml.permute(ctx, ctx.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)).astype(F32)), 0, 1, 3, 2)
     refused(_pool2(a=fewer), pyggml.KernelPreconditionError, "planes must be evenly spaced by nb.2.")
     want = C._ref_pool_2d(stored(x), OpPool.MAX, 2, 2, 2, 2, 0, 0)
     assert not np.allclose(compute_unchecked(_pool2(a=fewer)).reshape(want.shape), want, atol=1e-3)
@@ -526,7 +531,8 @@ def test_timestep_embedding_types_and_layout():
 
 @pytest.mark.parametrize("period", [0, -5])
 def test_timestep_embedding_max_period(period):
-    build = lambda ctx: pyggml.timestep_embedding(ctx, ctx.from_numpy(np.array([1.0, 2.0], F32)), 6, period)  # noqa: E731
+    def build(ctx):
+        return pyggml.timestep_embedding(ctx, ctx.from_numpy(np.array([1.0, 2.0], F32)), 6, period)
     refused(build, pyggml.KernelPreconditionError, f"max_period = {period} must be > 0")
     assert np.isnan(compute_unchecked(build)).any()
 
