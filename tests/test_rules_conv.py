@@ -477,6 +477,21 @@ def test_pool_2d_planes():
     assert not np.allclose(compute_unchecked(_pool2(a=fewer)).reshape(want.shape), want, atol=1e-3)
 
 
+def test_pool_2d_fractional_padding_is_an_upstream_defect():
+    """ggml_pool_2d sizes its result with float paddings but stores them as int: p0 = 0.5
+    on 4 columns (k0 = 2, s0 = 1) gives 4 outputs whose windows start at column 0 (the
+    padding p0 = 0 would give 3): the 4th window hangs off the end"""
+    x = np.arange(1, 5, dtype=F32).reshape(1, 4)
+
+    def build(ctx, p0=0.5):
+        return pyggml.pool_2d(ctx, ctx.from_numpy(x), OpPool.AVG, 2, 1, 1, 1, p0, 0)
+    refused(build, pyggml.UpstreamDefect, "the result has 4 outputs along dim 0, the kernel's whole padding p0 = 0 "
+            "gives 3", "pool-2d-fractional-padding")
+    np.testing.assert_array_equal(compute_unchecked(build).ravel(), [1.5, 2.5, 3.5, 2.0])
+    with pyggml.Context(1 << 20) as ctx:     # a fraction that does not change the size: as its whole part
+        np.testing.assert_array_equal(compute(ctx, build(ctx, 0.25)).ravel(), [1.5, 2.5, 3.5])
+
+
 # --- UPSCALE -----------------------------------------------------------------------------------------
 
 def test_upscale_from_an_empty_source():

@@ -310,6 +310,23 @@ static int rule_pool_2d(const struct ggml_tensor * t, pg_why * why) {
                          (long long) a->ne[1], (long long) a->ne[2], (long long) a->ne[3],
                          a->nb[0], a->nb[1], a->nb[2], a->nb[3]);
     }
+    /* ggml_pool_2d takes float paddings: it sizes the result with them
+     * (ggml_calc_pool_output_size, in float) but stores them as int32 op_params, which the
+     * kernel uses. A fractional padding shows as a size the stored one does not give. */
+    for (int d = 0; d < 2; d++) {
+        const int32_t k = t->op_params[1 + d], s = t->op_params[3 + d], p = t->op_params[5 + d];
+        if (s == 0) {
+            continue;
+        }
+        const int64_t n = (int64_t) ((a->ne[d] + 2 * (float) p - k) / s + 1);
+        if (n != t->ne[d]) {
+            why->defect = "pool-2d-fractional-padding";
+            return pg_refuse(why, "the result has %lld outputs along dim %d, the kernel's whole padding p%d = %d "
+                             "gives %lld: ggml_pool_2d sized it with a fractional padding, which the kernel "
+                             "truncates (padding the start by %d, the end by the rest)", (long long) t->ne[d],
+                             d, d, p, (long long) n, p);
+        }
+    }
     return PYGGML_OK;
 }
 
