@@ -202,6 +202,11 @@ def _set_rules_enabled(enabled):
     return bool(pyggml_checks_set_enabled(1 if enabled else 0))
 
 
+def _rules_enabled():
+    """_rules_enabled() -> bool: whether pyggml's kernel rules (and bespoke checks) are on."""
+    return bool(pyggml_checks_enabled())
+
+
 def op_is_checked(op, sub_op=0):
     """op_is_checked(op, sub_op=0) -> bool: pyggml has a kernel rule for this GGML_OP
     (and GGML_UNARY_OP/GGML_GLU_OP sub-op) of the linked ggml."""

@@ -161,8 +161,9 @@ def read_table(path: str) -> list[Op]:
             if not re.fullmatch(r"[A-Z_0-9]+|(UNARY|GLU):([A-Z_0-9]+|\*)", makes):
                 raise TableError(f"{where}: makes {makes!r} is not OP, UNARY:X or GLU:X")
             flagset = {x.strip() for x in flags.split(",") if x.strip()}
-            if flagset - FLAGS:
-                raise TableError(f"{where}: unknown flags {sorted(flagset - FLAGS)}")
+            checks = {f for f in flagset if re.fullmatch(r"check=[a-z_0-9]+", f)}
+            if flagset - FLAGS - checks:
+                raise TableError(f"{where}: unknown flags {sorted(flagset - FLAGS - checks)}")
             plist = [parse_param(p, where) for p in params.split(",")] if params else []
             names = [p.name for p in plist]
             if len(set(names)) != len(names) or set(names) & {"ctx", "_guard", "_r", "_c"}:
@@ -390,6 +391,11 @@ def gen_wrapper(op: Op, version: str) -> str:
             out.append(f"    cdef {cyt} c_{p.name} = {conv}({n}, {q}, {op.name!r})")
     if "deprecated" in op.flags:
         out.append(f"    _c.deprecated({op.name!r})")
+    for flag in sorted(op.flags):
+        if flag.startswith("check="):     # a bespoke check, before the builder (pyggml/_prechecks.py)
+            pyargs = ", ".join(f"t_{p.name}" if p.kind in ("tensor", "tensor?") else
+                               (f"c_{p.name}" if p.kind != "array" else p.pyname) for p in op.params)
+            out.append(f"    _prechecks.{flag[6:]}({op.name!r}, {pyargs})")
     args = []
     for p in op.params:
         if p.kind == "tensor":
@@ -427,6 +433,7 @@ def gen_family(family: str, ops: list[Op], version: str) -> str:
            "from pyggml._rt cimport pyggml_guard",
            "from pyggml._core cimport Context, Tensor",
            "cimport pyggml._core as _c",
+           "from pyggml import _prechecks",
            "from pyggml._core import " + ", ".join(sorted(set(ENUMS.values()))),
            "",
            'cdef extern from "pyggml_ops.h" nogil:']
@@ -548,6 +555,15 @@ def write_if_changed(path: str, text: str) -> None:
         f.write(text)
 
 
+def check_prechecks(ops: list[Op], path: str) -> None:
+    """Every check=NAME flag names a function of pyggml/_prechecks.py."""
+    text = open(path).read() if os.path.exists(path) else ""
+    for op in ops:
+        for flag in op.flags:
+            if flag.startswith("check=") and f"\ndef {flag[6:]}(" not in text:
+                raise TableError(f"line {op.line}: {op.name}: {flag}: no such function in {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.txt"))
@@ -558,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         ops = read_table(args.table)
+        check_prechecks(ops, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_prechecks.py"))
     except TableError as e:
         print(f"_gen_ops: {e}", file=sys.stderr)
         return 2

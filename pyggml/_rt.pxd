@@ -32,6 +32,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_checks_set_enabled(int enabled)
+    int pyggml_checks_enabled()
     int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
     int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)

@@ -403,6 +403,62 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
     ),
     Defect(
+        id="conv-transpose-2d-batch",
+        title="CONV_TRANSPOSE_2D computes the first batch only",
+        ops=("CONV_TRANSPOSE_2D",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_conv_transpose_2d_impl never loops over ne13: with "
+              "b.ne[3] > 1 every batch after the first stays zero (upstream ggml-org/ggml issue #1448)",
+        action="refused with UpstreamDefect when b.ne[3] > 1 (tests/test_rules_conv.py shows the zeros)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="upscale-nearest-index-rounding",
+        title="UPSCALE picks the wrong source pixel where i/sf rounds down in float32",
+        ops=("UPSCALE",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_upscale_f32: the nearest index is (int)(i0/sf0) with sf0 "
+              "a float32 ratio (resizing 14 -> 2 picks pixel 6 for 7); dims 2 and 3 in every mode, dims 0 and 1 "
+              "in NEAREST",
+        action="refused with UpstreamDefect for the sizes where the float32 index differs from the exact one",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="upscale-antialias-align-corners",
+        title="bilinear UPSCALE with ANTIALIAS and ALIGN_CORNERS drops a tap",
+        ops=("UPSCALE",),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_upscale_f32: the window end is cut at (int64)(x + support) "
+              "with pixel offset 0, which drops a tap of positive weight ([0, 1] -> 3 gives [0, 0, 1])",
+        action="refused with UpstreamDefect where a tap is dropped",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="pool-2d-fractional-padding",
+        title="POOL_2D sizes its result with a fractional padding the kernel truncates",
+        ops=("POOL_2D",),
+        where="ggml.c ggml_pool_2d computes the result size with the float padding and stores it as int32 "
+              "for the kernel (p0 = 0.5 on 4 columns: an extra window hanging off the end)",
+        action="refused with UpstreamDefect for a padding that is not a whole number",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="conv-1d-batch-layout",
+        title="ggml_conv_1d scrambles a batch",
+        ops=("MUL_MAT", "RESHAPE"),
+        where="ggml.c ggml_conv_1d reshapes mul_mat's [OL, N, OC] product to [OL, OC, N] without permuting it "
+              "(upstream ggml-org/llama.cpp PR #28738, open)",
+        action="conv_1d and conv_1d_ph refuse b.ne[2] > 1 with UpstreamDefect before the builder runs "
+               "(pyggml/_prechecks.py; tests/test_rules_conv.py shows the scramble)",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="conv-2d-dw-f32-kernel",
+        title="ggml_conv_2d_dw with an F32 kernel builds a mul_mat the CPU cannot run",
+        ops=("MUL_MAT",),
+        where="ggml.c ggml_conv_2d_dw puts an F32 kernel as mul_mat's src0 with F16 im2col columns as src1; "
+              "the CPU mul_mat takes src1 in src0's dot-product type or F32 only",
+        action="the MUL_MAT rule refuses the node (GGMLTypeError); use an F16 kernel",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="kernel-out-of-bounds",
         title="a CPU kernel reads or writes past one of its tensors on a node its builder accepted",
         ops=(),

@@ -171,6 +171,8 @@ def test_the_pinned_table_compiles_clean(tmp_path):
     ("add | 0.9.4 | ADD | tensor a, tensor a |  | x", "parameter names must be unique"),
     ("add | 0.9.4 | ADD | tensor a, tensor b | fast | x", "unknown flags"),
     ("add | 0.9.4 | ADD | tensor a, void * b |  | x", "cannot pass"),
+    ("add | 0.9.4 | ADD | tensor a, tensor b | check=no_such_check | x", "no such function"),
+    ("add | 0.9.4 | ADD | tensor a, tensor b | check=Bad-Name | x", "unknown flags"),
 ])
 def test_bad_rows_are_refused_by_the_generator(tmp_path, bad, match):
     proc, _ = generate(tmp_path, "[arith]\n" + bad + "\n")

@@ -554,19 +554,28 @@ def test_timestep_embedding_max_period(period):
 
 # --- composite builders: defects no kernel rule can see ------------------------------------------
 
-def test_conv_1d_with_a_batch_comes_back_scrambled():
+@pytest.mark.parametrize("op", ["conv_1d", "conv_1d_ph"])
+def test_conv_1d_with_a_batch_is_refused_and_really_scrambled(op):
     """ggml_conv_1d reshapes mul_mat's [OL, N, OC] product to [OL, OC, N] without permuting
     it (conv_2d permutes): with N > 1 the values of batches and channels interleave. Every
-    node is sound for its kernel, so no rule refuses it (proposed: the wrapper)."""
+    node is sound for its kernel, so no rule sees it: the wrapper refuses a batch
+    (pyggml/_prechecks.py)."""
     a, b = vals((4, 3, 3)), vals((2, 3, 8))
+    call = {"conv_1d": lambda c, bb: pyggml.conv_1d(c, c.from_numpy(a.astype(F32)), c.from_numpy(bb), 1, 0, 1),
+            "conv_1d_ph": lambda c, bb: pyggml.conv_1d_ph(c, c.from_numpy(a.astype(F32)), c.from_numpy(bb), 1, 1)}
+    p0 = 0 if op == "conv_1d" else 1                                       # half padding: K/2 = 1
     with pyggml.Context(1 << 20) as ctx:
-        got = compute(ctx, pyggml.conv_1d(ctx, ctx.from_numpy(a.astype(F32)), ctx.from_numpy(b.astype(F32)), 1, 0, 1))
-    want = C._ref_conv_1d(stored(a), stored(b), 1, 0, 1)                   # (N, OC, OL)
+        with pytest.raises(pyggml.UpstreamDefect, match="without permuting") as e:
+            call[op](ctx, b.astype(F32))
+    assert e.value.defect == "conv-1d-batch-layout"
+    want = C._ref_conv_1d(stored(a), stored(b), 1, p0, 1)                  # (N, OC, OL)
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        got = compute(ctx, call[op](ctx, b.astype(F32)))
+    ol = want.shape[-1]
     assert got.shape == want.shape and not np.allclose(got, want, atol=0.05)
-    np.testing.assert_allclose(got.reshape(4, 2, 6).transpose(1, 0, 2), want, atol=0.05)   # really [OL, N, OC]
-    with pyggml.Context(1 << 20) as ctx:     # N = 1: right
-        got1 = compute(ctx, pyggml.conv_1d(ctx, ctx.from_numpy(a.astype(F32)), ctx.from_numpy(b[:1].astype(F32)),
-                                           1, 0, 1))
+    np.testing.assert_allclose(got.reshape(4, 2, ol).transpose(1, 0, 2), want, atol=0.05)   # really [OL, N, OC]
+    with pyggml.Context(1 << 20) as ctx:     # N = 1: right, and accepted
+        got1 = compute(ctx, call[op](ctx, b[:1].astype(F32)))
     np.testing.assert_allclose(got1.reshape(want[:1].shape), want[:1], atol=0.05)
 
 

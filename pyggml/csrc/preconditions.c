@@ -157,6 +157,10 @@ int pg_rules_enabled(void) {
     return __atomic_load_n(&rules_enabled, __ATOMIC_RELAXED);
 }
 
+int pyggml_checks_enabled(void) {
+    return pg_rules_enabled();
+}
+
 int pyggml_checks_set_enabled(int enabled) {
     return __atomic_exchange_n(&rules_enabled, enabled != 0, __ATOMIC_RELAXED);
 }

@@ -183,6 +183,7 @@ PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, 
 /* Testing only: with rules disabled every node reads as PYGGML_UNCHECKED (so graphs are
  * proven in a guarded child); returns the previous setting. */
 PYGGML_RT_API int pyggml_checks_set_enabled(int enabled);
+PYGGML_RT_API int pyggml_checks_enabled(void);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
 
