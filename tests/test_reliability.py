@@ -49,6 +49,8 @@ def test_gradients_outlive_the_forward_context():
     assert out.strip() == "[2.0, 4.0, 6.0]"
 
 
+@pytest.mark.skipif(pyggml._core.ASAN, reason="forks while another thread runs: ASan's allocator, unlike glibc's, "
+                    "does not reset its locks in the child, which can then hang")
 def test_one_graph_computes_in_one_thread_at_a_time_even_while_it_is_proven():
     # the first compute of a graph with an op pyggml has no rule for is proven in a fork;
     # the graph is busy from the start, so a second thread is refused, never overlaps
