@@ -22,7 +22,6 @@ Not sampled: empty tensors (pyggml computes no graph holding a tensor without da
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy as np
