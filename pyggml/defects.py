@@ -115,8 +115,8 @@ DEFECTS: tuple[Defect, ...] = (
         id="fab-batch-gqa-oob",
         title="FLASH_ATTN_BACK writes past its result with batch + GQA",
         ops=("FLASH_ATTN_BACK",),
-        where="ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_back_f32: grad_k/grad_v are strided over "
-              "ne3 with q's head count (nbgk3 = nb0*nek0*nek1*neq2, nbgv3 likewise), not k's and v's",
+        where="ggml-cpu/ops.cpp, FLASH_ATTN_BACK's F32 kernel: it steps grad_k and grad_v from one batch "
+              "(ne3) to the next by q's head count, where k's and v's (kvne2) belong",
         action="refused with UpstreamDefect (ne3 > 1 and kvne2 < ne2); attention_backward computes "
                "each batch as its own node",
         seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2"),

@@ -240,7 +240,7 @@ static int rule_diag_mask(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_flash_attn_back_f32: all F32, q/k/v rows contiguous,
+/* FLASH_ATTN_BACK's F32 CPU kernel (ggml-cpu/ops.cpp): all F32, q/k/v rows contiguous,
  * M >= N, int-sized loops; batch + GQA overruns the result (a known upstream defect) */
 static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
     for (int i = 0; i < 4; i++) {

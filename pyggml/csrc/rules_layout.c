@@ -108,8 +108,8 @@ static int rule_get_rows(const struct ggml_tensor * t, pg_why * why) {
  * the iq2/iq3/iq1 quants) calls a NULL pointer. Rows are written and read contiguously
  * (ggml_set_rows asserts contiguous rows), whole blocks for a quantized result. The work
  * buffer (F16 rows into another type) is planned. The indices come from tensor data:
- * each must lie in [0, result ne[1]) or the kernel aborts (GGML_ASSERT), which a rule
- * cannot see. */
+ * each must lie in [0, result ne[1]) or the kernel aborts (GGML_ASSERT): indices.c
+ * checks them right before the node runs. */
 static int rule_set_rows(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
