@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -46,26 +47,34 @@ def info() -> int:
     return 0
 
 
+def _version() -> str:
+    try:
+        import pyggml
+        return f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()})"
+    except ImportError as e:             # the source tree, or a broken install: say which
+        return f"pyggml (not importable: {e})"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pyggml", description="pyggml command line")
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("demo", help="build and compute a small graph, print the result")
     sub.add_parser("info", help="print how this pyggml was built (ggml version, source, flags)")
-    par = sub.add_parser("parity", help="compare attention gradients along independent paths")
-    par.add_argument("--quick", action="store_true", help="a subset of the sweep (seconds, not minutes)")
-    par.add_argument("--json", metavar="PATH", help="write the comparisons as JSON")
-    par.add_argument("--junit", metavar="PATH", help="write the comparisons as JUnit XML")
-    par.add_argument("--threads", type=int, default=None, help="CPU threads for ggml and torch")
-    par.add_argument("--no-torch", action="store_true", help="leave torch out even if importable")
-    par.add_argument("--paths", help="comma-separated subset of kernel,autodiff,reference,torch")
+    from pyggml.parity import cli as parity_cli
+    par = sub.add_parser("parity", help="check ops (and attention gradients) along independent paths",
+                         description=parity_cli.__doc__)
+    parity_cli.add_arguments(par)
     args = ap.parse_args(argv)
-    if args.cmd == "parity":
-        from pyggml import parity
-
-        return parity.main(quick=args.quick, json_path=args.json, junit_path=args.junit,
-                           n_threads=args.threads, no_torch=args.no_torch,
-                           paths=args.paths.split(",") if args.paths else None)
-    return {"demo": demo, "info": info}[args.cmd]()
+    try:
+        if args.cmd == "parity":
+            return parity_cli.main(args, par)
+        return {"demo": demo, "info": info}[args.cmd]()
+    except BrokenPipeError:
+        # the reader went away (pyggml demo | head -1): end quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,18 @@ static inline const char * ggml_commit(void) { return "unknown"; }
 #endif
 
 
+/* the CPU backend's reference implementations for one compute (ggml_cplan.use_ref):
+ * 1 when set (or not asked for), 0 when this ggml has no such switch */
+static inline int pyggml_plan_use_ref(struct ggml_cplan * plan, int on) {
+#if PYGGML_HAVE_USE_REF
+    plan->use_ref = on != 0;
+    return 1;
+#else
+    (void) plan;
+    return !on;
+#endif
+}
+
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */
 #define GGML_OP_FLASH_ATTN_BACK GGML_OP_COUNT

@@ -325,10 +325,13 @@ cdef class CpuExecutor(Executor):
         cdef size_t planned = _plan(graph, n, NULL).work_size
         return planned if plan_only else max(planned, _fab_work_size(graph, n))
 
-    cdef int run(self, Graph graph, object n_threads) except -1:
+    cdef int run(self, Graph graph, object n_threads, bint use_ref) except -1:
         global _omp_threads_ran
         graph._check()
         cdef int n = _need_threads(n_threads)
+        if use_ref and not PYGGML_HAVE_USE_REF:
+            raise GGMLVersionError(f"compute: use_ref needs ggml_cplan.use_ref, which ggml {ggml_version().decode()} "
+                                   f"lacks")
         if graph._unallocated is not None:
             raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context, "
                                 "or empty: ggml gives those none)")
@@ -356,6 +359,7 @@ cdef class CpuExecutor(Executor):
             # a cached threadpool saves creating one per compute; one compute at a time uses it
             tp = _threadpool_acquire(n)
             plan = _plan(graph, n, tp)
+            pyggml_plan_use_ref(&plan, use_ref)
             work_size = max(plan.work_size, _fab_work_size(graph, n))
             if work_size > 0:
                 work = Storage(work_size)
@@ -385,6 +389,33 @@ cdef class CpuExecutor(Executor):
             name = ggml_status_to_string(status).decode()
             raise ComputeError(f"ggml_graph_compute failed: {name}", name)
         return 0
+
+
+def cpu_features():
+    """cpu_features() -> dict: the instruction sets this build's ggml-cpu was compiled
+    for (``ggml_cpu_has_*``: what its kernels use, not what the CPU could do)."""
+    return {
+        "sse3": bool(ggml_cpu_has_sse3()),
+        "ssse3": bool(ggml_cpu_has_ssse3()),
+        "avx": bool(ggml_cpu_has_avx()),
+        "avx_vnni": bool(ggml_cpu_has_avx_vnni()),
+        "avx2": bool(ggml_cpu_has_avx2()),
+        "bmi2": bool(ggml_cpu_has_bmi2()),
+        "f16c": bool(ggml_cpu_has_f16c()),
+        "fma": bool(ggml_cpu_has_fma()),
+        "avx512": bool(ggml_cpu_has_avx512()),
+        "avx512_vbmi": bool(ggml_cpu_has_avx512_vbmi()),
+        "avx512_vnni": bool(ggml_cpu_has_avx512_vnni()),
+        "avx512_bf16": bool(ggml_cpu_has_avx512_bf16()),
+        "amx_int8": bool(ggml_cpu_has_amx_int8()),
+        "neon": bool(ggml_cpu_has_neon()),
+        "arm_fma": bool(ggml_cpu_has_arm_fma()),
+        "fp16_va": bool(ggml_cpu_has_fp16_va()),
+        "dotprod": bool(ggml_cpu_has_dotprod()),
+        "matmul_int8": bool(ggml_cpu_has_matmul_int8()),
+        "sve": bool(ggml_cpu_has_sve()),
+        "llamafile": bool(ggml_cpu_has_llamafile()),
+    }
 
 
 _graph._set_default_executor(CpuExecutor())

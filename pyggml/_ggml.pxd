@@ -12,6 +12,8 @@ cdef extern from "_compat.h" nogil:
     enum:
         PYGGML_HAVE_GGML_VERSION
         PYGGML_HAVE_FLASH_ATTN_BACK
+        PYGGML_HAVE_USE_REF
+    int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:
     enum:
@@ -180,6 +182,28 @@ cdef extern from "_compat.h" nogil:   # ggml-cpu.h
         ggml_threadpool * threadpool
         ggml_abort_callback abort_callback
         void * abort_callback_data
+
+    # the instruction sets this ggml-cpu was compiled for
+    int ggml_cpu_has_sse3()
+    int ggml_cpu_has_ssse3()
+    int ggml_cpu_has_avx()
+    int ggml_cpu_has_avx_vnni()
+    int ggml_cpu_has_avx2()
+    int ggml_cpu_has_bmi2()
+    int ggml_cpu_has_f16c()
+    int ggml_cpu_has_fma()
+    int ggml_cpu_has_avx512()
+    int ggml_cpu_has_avx512_vbmi()
+    int ggml_cpu_has_avx512_vnni()
+    int ggml_cpu_has_avx512_bf16()
+    int ggml_cpu_has_amx_int8()
+    int ggml_cpu_has_neon()
+    int ggml_cpu_has_arm_fma()
+    int ggml_cpu_has_fp16_va()
+    int ggml_cpu_has_dotprod()
+    int ggml_cpu_has_matmul_int8()
+    int ggml_cpu_has_sve()
+    int ggml_cpu_has_llamafile()
 
     ggml_cplan ggml_graph_plan(const ggml_cgraph * cgraph, int n_threads, ggml_threadpool * threadpool)
     ggml_status ggml_graph_compute(ggml_cgraph * cgraph, ggml_cplan * cplan)

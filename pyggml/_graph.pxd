@@ -17,7 +17,7 @@ cdef extern from "ptrset.h" nogil:
 
 cdef class Executor:
     """Computes graphs: the CPU executor (pyggml._cpu) today, a ggml backend tomorrow."""
-    cdef int run(self, Graph graph, object n_threads) except -1
+    cdef int run(self, Graph graph, object n_threads, bint use_ref) except -1
     cdef object work(self, Graph graph, object n_threads, bint plan_only)
 
 

@@ -38,7 +38,7 @@ cdef class Executor:
     """The seam between a graph and what computes it. Graph.compute hands the graph to
     the installed executor (pyggml._cpu.CpuExecutor); subclasses override run/work."""
 
-    cdef int run(self, Graph graph, object n_threads) except -1:
+    cdef int run(self, Graph graph, object n_threads, bint use_ref) except -1:
         raise NotImplementedError("Executor.run")
 
     cdef object work(self, Graph graph, object n_threads, bint plan_only):
@@ -441,15 +441,17 @@ cdef class Graph:
             return None
         return self._tensor(gr)
 
-    def compute(self, n_threads=None):
-        """compute(n_threads=None)
+    def compute(self, n_threads=None, use_ref=False):
+        """compute(n_threads=None, use_ref=False)
 
         Compute the graph on the CPU with ``n_threads`` threads (default: the CPUs
         this process may use), the GIL released. The work buffer is allocated by
-        pyggml, not taken from the context. Raises ComputeError when ggml reports a
-        non-success status.
+        pyggml, not taken from the context. ``use_ref``: the CPU backend's reference
+        implementations (``ggml_cplan.use_ref``: no fusion, no tiled or SIMD-only
+        paths where ggml has a plain one); GGMLVersionError if the linked ggml has no
+        such switch. Raises ComputeError when ggml reports a non-success status.
         """
-        _executor.run(self, n_threads)
+        _executor.run(self, n_threads, use_ref)
 
     def to_dot(self):
         """to_dot() -> str: the graph as Graphviz DOT text (nodes, ops, types, shapes, op

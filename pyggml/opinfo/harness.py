@@ -20,7 +20,8 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
 
-__all__ = ["Result", "grad_check", "kernel_verdict", "nmse", "rules_disabled", "run", "stored"]
+__all__ = ["Result", "compute", "grad_check", "gradients", "kernel_verdict", "nmse", "reference", "rules_disabled",
+           "run", "stored"]
 
 
 @contextlib.contextmanager
@@ -62,7 +63,6 @@ class Result:
     ref: np.ndarray          # the reference, same shape
     nmse: float
     max_abs: float
-    tensor: Any              # the result Tensor (its context is closed: only for its op)
     op: str                  # the result's op, as the table's `makes` spells it
 
 
@@ -187,7 +187,7 @@ def _ref_args(sample: Sample) -> list[Any]:
     return [stored(a) if isinstance(a, Arg) else a for a in sample.args]
 
 
-def _compare(info: OpInfo, out: np.ndarray, ref: Any, t: pyggml.Tensor) -> tuple[np.ndarray, float, float]:
+def _compare(info: OpInfo, out: np.ndarray, ref: Any) -> tuple[np.ndarray, float, float]:
     ref = np.asarray(ref)
     if _shape4(ref.shape) != _shape4(out.shape):
         raise AssertionError(f"{info.op}: ggml's result has shape {out.shape}, the reference {ref.shape}")
@@ -201,23 +201,39 @@ def _compare(info: OpInfo, out: np.ndarray, ref: Any, t: pyggml.Tensor) -> tuple
     return ref, err, max_abs
 
 
-def run(info: OpInfo, sample: Sample, n_threads: int = 1) -> Result:
-    """Compute one sample with ggml and with the reference."""
+def compute(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = False,
+            prove: bool = False) -> tuple[np.ndarray, str]:
+    """ggml's result for one sample (float64, or int), and the op it made. ``use_ref``:
+    the CPU backend's reference implementations (``ggml_cplan.use_ref``); ``prove``:
+    first compute it once in a forked child with every tensor between guard pages (a
+    read or write past a tensor raises UpstreamDefect "kernel-out-of-bounds")."""
     with pyggml.Context(_nbytes_hint(sample) + (16 << 20)) as ctx:
         args = [_tensor(ctx, a) if isinstance(a, Arg) else a for a in sample.args]
         t = getattr(pyggml, info.op)(ctx, *args)
         g = pyggml.Graph(ctx, 256)
         g.build_forward_expand(t)
-        g.compute(n_threads)
-        out = read(t)
-        made = _made(t)
-    ref, err, max_abs = _compare(info, out, info.ref(*_ref_args(sample)), t)
-    return Result(out, ref, err, max_abs, t, made)
+        if prove:
+            pyggml._cpu.prove(g)
+        g.compute(n_threads, use_ref=use_ref)
+        return read(t), _made(t)
 
 
-def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
-    """NMSE of ggml's gradient of sum(result * c) against central differences of the
-    reference, for each F32 contiguous Arg marked ``param``: {arg index: NMSE}."""
+def reference(info: OpInfo, sample: Sample) -> np.ndarray:
+    """The reference's result for one sample, on the values the Args have once stored."""
+    return np.asarray(info.ref(*_ref_args(sample)))
+
+
+def run(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = False) -> Result:
+    """Compute one sample with ggml and with the reference."""
+    out, made = compute(info, sample, n_threads, use_ref)
+    ref, err, max_abs = _compare(info, out, reference(info, sample))
+    return Result(out, ref, err, max_abs, made)
+
+
+def gradients(info: OpInfo, sample: Sample, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """ggml's gradient of sum(result * c) (c random, from ``seed``), and central
+    differences of the reference, for each F32 contiguous Arg marked ``param``:
+    ({arg index: ggml's}, {arg index: numerical}), each in the Arg's shape."""
     rng = np.random.default_rng(seed)
     idx = [i for i, a in enumerate(sample.args)
            if isinstance(a, Arg) and a.param and Type(a.type) == Type.F32 and a.layout == "contiguous"]
@@ -256,7 +272,7 @@ def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
         args[i] = x
         return float(np.sum(np.asarray(info.ref(*args), np.float64).reshape(ref0.shape) * c))
 
-    result = {}
+    numeric = {}
     for i in idx:
         x = np.asarray(base[i], np.float64)
         num = np.zeros_like(x)
@@ -266,5 +282,12 @@ def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
             xp[k] += h
             xm[k] -= h
             num[k] = (loss_at(i, xp) - loss_at(i, xm)) / (2 * h)
-        result[i] = nmse(np.asarray(got[i]).reshape(x.shape), num)
-    return result
+        numeric[i] = num
+    return {i: np.asarray(got[i]).reshape(numeric[i].shape) for i in idx}, numeric
+
+
+def grad_check(info: OpInfo, sample: Sample, seed: int = 0) -> dict[int, float]:
+    """NMSE of ggml's gradient of sum(result * c) against central differences of the
+    reference, for each F32 contiguous Arg marked ``param``: {arg index: NMSE}."""
+    ggml_grads, numeric = gradients(info, sample, seed)
+    return {i: nmse(ggml_grads[i], numeric[i]) for i in numeric}

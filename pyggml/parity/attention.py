@@ -1,4 +1,5 @@
-"""Parity harness: four independent paths to the same attention gradients.
+"""The attention gradients along four independent paths (the ``attention`` subject of
+:mod:`pyggml.parity`).
 
 Paths (each returns dq, dk, dv for PyTorch-layout float32 inputs):
 
@@ -29,17 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
-import time
-import xml.etree.ElementTree as ET
 from typing import Callable
 
 import numpy as np
 
 import pyggml
 from pyggml import reference
-from pyggml import defects
 from pyggml.errors import UpstreamDefect
 from pyggml.attention import flash_attn_back_grads
 from pyggml.reference import nmse
@@ -255,65 +252,3 @@ def format_table(rows) -> str:
             verdict = "ok" if r["ok"] else f"FAIL (> {r['tol']:.0e})"
             out.append(f"{r['case']:34s} {pair:20s} {r['nmse']:10.2e} {r['max_abs']:10.2e}  {verdict}")
     return "\n".join(out)
-
-
-def summary(rows) -> dict:
-    done = [r for r in rows if not r["refused"]]
-    return {
-        "n_comparisons": len(rows),
-        "failed": sum(not r["ok"] for r in rows),
-        "refused": sum(bool(r["refused"]) for r in rows),
-        "worst_nmse": max((r["nmse"] for r in done), default=0.0),
-    }
-
-
-def write_json(rows, path, meta=None) -> None:
-    doc: dict = {"comparisons": [
-        {"case": r["case"], "a": r["a"], "b": r["b"], "nmse": r["nmse"], "ok": r["ok"],
-         "max_abs": r["max_abs"], "tol": r["tol"], "refused": r["refused"]} for r in rows]}
-    doc.update(summary(rows))
-    doc["meta"] = meta or {}
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-
-
-def write_junit(rows, path, elapsed=0.0) -> None:
-    s = summary(rows)
-    suite = ET.Element("testsuite", name="pyggml.parity", tests=str(len(rows)),
-                       failures=str(s["failed"]), skipped=str(s["refused"]), time=f"{elapsed:.3f}")
-    for r in rows:
-        tc = ET.SubElement(suite, "testcase", classname=f"parity.{r['case']}", name=f"{r['a']}~{r['b']}")
-        if r["refused"]:
-            ET.SubElement(tc, "skipped", message=r["refused"])
-        elif not r["ok"]:
-            ET.SubElement(tc, "failure", message=f"NMSE {r['nmse']:.3e} > {r['tol']:.0e}")
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
-
-
-def main(quick=False, json_path=None, junit_path=None, n_threads=None, no_torch=False, paths=None) -> int:
-    cases = sweep(quick)
-    names = paths or available_paths(no_torch)
-    t0 = time.perf_counter()
-    rows = run(cases, names, n_threads)
-    elapsed = time.perf_counter() - t0
-    print(format_table(rows))
-    s = summary(rows)
-    overrun = defects.get("fab-batch-gqa-oob").run_probe()
-    if overrun is None:
-        defect = "not applicable (no FLASH_ATTN_BACK)"
-    elif overrun:
-        defect = f"present: the kernel writes {overrun} bytes past its result (probe, in bounds)"
-    else:
-        defect = "absent: the probe saw no write past the result (fixed upstream?)"
-    print(f"\nupstream defect FLASH_ATTN_BACK batch+GQA: {defect}")
-    print(f"{len(cases)} cases, paths: {', '.join(names)}; {s['n_comparisons']} comparisons, "
-          f"{s['failed']} failed, {s['refused']} refused (known upstream defect); "
-          f"worst NMSE {s['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
-    meta = {"ggml_version": pyggml.ggml_version(), "paths": names, "cases": len(cases),
-            "quick": quick, "seconds": elapsed,
-            "upstream_defects": {"fab_batch_gqa_oob_bytes": overrun}}
-    if json_path:
-        write_json(rows, json_path, meta)
-    if junit_path:
-        write_junit(rows, junit_path, elapsed)
-    return 1 if s["failed"] else 0

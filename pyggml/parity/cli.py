@@ -1,0 +1,150 @@
+"""``pyggml parity``: sweep ops (and attention gradients) along independent paths and
+compare them; ``pyggml parity diff A B``: compare two saved sweeps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from pyggml.parity.model import BAD, Case
+
+__all__ = ["add_arguments", "main"]
+
+KNOWN_PATHS = ("ggml", "ggml-ref", "reference", "autodiff", "torch")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    sub = ap.add_subparsers(dest="parity_cmd")
+    d = sub.add_parser("diff", help="compare two sweeps saved with --save (case by case, and with the reference)")
+    d.add_argument("a", help="a .npz written by pyggml parity --save")
+    d.add_argument("b", help="another one")
+    d.add_argument("--tol", type=float, default=1e-7, help="NMSE beyond which A and B disagree (default 1e-7)")
+    d.add_argument("--limit", type=int, default=40, help="rows of the table (default 40)")
+    ap.add_argument("--op", action="append", default=[], metavar="NAME|GLOB",
+                    help="subjects to check: an op name or glob (mul_mat, 'rope*'), 'grad:NAME', 'attention'; "
+                         "repeatable; default: all")
+    ap.add_argument("--types", default="", help="comma-separated ggml types (F32,F16,...); default: all")
+    ap.add_argument("--paths", default="", help=f"comma-separated paths among {', '.join(KNOWN_PATHS)}; "
+                                                "default: every path each subject has")
+    ap.add_argument("--quick", action="store_true", help="a few cases per subject and type: about a minute")
+    ap.add_argument("--seed", type=int, default=0, help="another set of seeded samples (default 0: the tests')")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="worker processes that isolate crashes (default: 2; 0: in this process, unisolated)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case is a timeout row")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="skip the guarded run that looks for reads and writes past each tensor")
+    ap.add_argument("--json", metavar="F", help="write every row, the summary and the build as JSON")
+    ap.add_argument("--junit", metavar="F", help="write a JUnit XML report")
+    ap.add_argument("--html", metavar="F", help="write a self-contained HTML report")
+    ap.add_argument("--save", metavar="F.npz", help="save every output, for pyggml parity diff")
+    ap.add_argument("--list", action="store_true", help="list the subjects and their paths, then exit")
+    ap.add_argument("--verbose", action="store_true", help="print every row, not only the summary")
+
+
+def _paths(ap: argparse.ArgumentParser, text: str) -> list[str] | None:
+    if not text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in KNOWN_PATHS]
+    if unknown:
+        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(KNOWN_PATHS)})")
+    if len(set(names)) != len(names):
+        ap.error("--paths: a path compared with itself compares nothing")
+    if len(names) < 2:
+        ap.error("--paths: a comparison needs at least two paths")
+    return names
+
+
+class _Progress:
+    """A progress line on a terminal (stderr), a line every 10 s otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream, self.tty = stream, stream.isatty()
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, case: Case) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write(f"\r\x1b[K[{done}/{total}] {case.subject} {case.label[:50]}")
+            if done == total:
+                self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        elif now - self.last >= 10 or done == total:
+            self.last = now
+            self.stream.write(f"parity: {done}/{total} cases ({100 * done // total}%), {now - self.t0:.0f} s\n")
+            self.stream.flush()
+
+
+def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    if getattr(args, "parity_cmd", None) == "diff":
+        return _diff(args, ap)
+    import pyggml
+    from pyggml.parity import report, runner, store
+    from pyggml.parity.subjects import all_subjects
+
+    paths = _paths(ap, args.paths)
+    if args.workers is not None and args.workers < 0:
+        ap.error("--workers must be >= 0")
+    if args.timeout <= 0:
+        ap.error("--timeout must be > 0")
+    types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
+    bad_types = [t for t in types if t not in pyggml.Type.__members__]
+    if bad_types:
+        ap.error(f"--types: unknown {', '.join(bad_types)}")
+    subjects = all_subjects(not args.no_probe)
+    if args.list:
+        for name, s in subjects.items():
+            print(f"{name:32s} {', '.join(s.paths)}")
+        return 0
+    if paths is not None:
+        usable = [n for n, s in subjects.items() if len(set(s.paths) & set(paths)) >= 2]
+        if not usable:
+            ap.error(f"--paths {','.join(paths)}: no subject has two of these paths")
+    cases = runner.select(args.op, types, args.quick, args.seed, not args.no_probe)
+    if paths is not None:
+        cases = [c for c in cases if len(set(subjects[c.subject].paths) & set(paths)) >= 2]
+    if not cases:
+        ap.error("nothing to compare: no subject matches --op/--types (see --list)")
+    workers = 2 if args.workers is None else args.workers
+    t0 = time.perf_counter()
+    rows, kept = runner.run_cases(cases, paths, workers, not args.no_probe, keep=bool(args.save),
+                                  timeout=args.timeout, progress=_Progress())
+    elapsed = time.perf_counter() - t0
+    if args.verbose:
+        print(report.format_rows(rows))
+        print()
+    print(report.format_summary(rows))
+    s = runner.summarize(rows)
+    counts = ", ".join(f"{k} {s[k]}" for k in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error",
+                                                "skipped") if s[k])
+    print(f"\n{s['subjects']} subjects, {s['cases']} cases, {s['comparisons']} comparisons: {counts}; "
+          f"worst NMSE against the reference {s['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
+    meta: dict[str, Any] = {"identity": store.build_identity(), "quick": args.quick, "seed": args.seed,
+                            "ops": args.op, "types": types, "paths": paths, "seconds": elapsed}
+    if args.json:
+        report.write_json(rows, args.json, meta)
+    if args.junit:
+        report.write_junit(rows, args.junit, elapsed)
+    if args.save:
+        n = store.save(args.save, kept, meta)
+        print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
+    if args.html:
+        from pyggml.parity import html
+        html.write_html(rows, args.html, meta)
+    return 1 if any(r.verdict in BAD for r in rows) else 0
+
+
+def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    from pyggml.parity import store
+    for p in (args.a, args.b):
+        if not os.path.exists(p):
+            ap.error(f"diff: no such file {p}")
+    meta_a, meta_b, diffs = store.diff(args.a, args.b)
+    if not diffs:
+        ap.error("diff: the two files have no case and path in common")
+    text, beyond = store.format_diff(meta_a, meta_b, diffs, args.tol, args.limit)
+    print(text)
+    return 1 if beyond else 0

@@ -1,0 +1,269 @@
+"""Running a sweep: every case of every subject along the chosen paths, every pair of
+paths compared. Cases run in worker processes (``workers >= 1``) so that one that
+aborts, crashes or hangs inside ggml becomes a ``crashed`` / ``timeout`` row and the
+sweep goes on; a worker takes cases in batches and is replaced only when it dies.
+``workers=0`` runs in this process (fast, for tests and for the pytest plugin)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from pyggml.parity.model import BAD, Case, Outcome, Row, Subject, compare_outputs
+from pyggml.parity.subjects import all_subjects
+
+__all__ = ["check_case", "run_cases", "select"]
+
+Progress = Callable[[int, int, Case], None]
+
+
+def select(ops: Iterable[str] = (), types: Iterable[str] = (), quick: bool = False, seed: int = 0,
+           probe: bool = True, kinds: Iterable[str] = ("op", "grad", "attention", "user")) -> list[Case]:
+    """The cases of the subjects whose op (or name) matches one of ``ops`` (fnmatch
+    patterns; all if empty), of the given ggml ``types`` (all if empty)."""
+    import fnmatch
+    ops, types, kinds = list(ops), {t.upper() for t in types}, set(kinds)
+    out = []
+    for name, s in all_subjects(probe).items():
+        kind = name.split(":")[0] if ":" in name else ("attention" if name == "attention" else "user")
+        if kind not in kinds:
+            continue
+        if ops and not any(fnmatch.fnmatchcase(s.op, p) or fnmatch.fnmatchcase(name, p) for p in ops):
+            continue
+        for c in s.cases(seed, quick):
+            if not types or c.type.upper() in types or not c.type:
+                out.append(c)
+    return out
+
+
+def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = True,
+               keep: bool = False) -> tuple[list[Row], dict[str, list[np.ndarray]]]:
+    """Compute one case along its subject's paths (those of ``paths``, all if None) and
+    compare every pair, the reference always as side b: the rows, and with ``keep``
+    the arrays each path gave."""
+    s = all_subjects(probe)[case.subject]
+    names = [p for p in s.paths if paths is None or p in paths]
+    outs: dict[str, Outcome] = {}
+    for p in names:
+        try:
+            outs[p] = s.compute(case, p)
+        except Exception as e:          # a path's own bug: a row, not the end of the sweep
+            outs[p] = Outcome(verdict="error", detail=f"{type(e).__name__}: {e}")
+    rows = []
+    repro = ""
+    for a, b in _pairs(names):
+        oa, ob = outs[a], outs[b]
+        tol = s.tolerance(case, a, b)
+        bad = next((o for o in (oa, ob) if o.verdict != "ok"), None)
+        if bad is not None:
+            # the worse of the two sides decides (an error beats a refusal)
+            order = {v: i for i, v in enumerate(("error", "fail", "oob", "refused", "skipped", "ok"))}
+            bad = min((oa, ob), key=lambda o: order.get(o.verdict, 0))
+            row = Row(s.name, s.op, case.label, case.type, case.index, case.seed, a, b, None, None, tol,
+                      bad.verdict, bad.detail)
+        else:
+            err, max_abs = compare_outputs(oa.arrays or [], ob.arrays or [], exact=(tol == 0.0))
+            ok = err <= tol
+            row = Row(s.name, s.op, case.label, case.type, case.index, case.seed, a, b, err, max_abs, tol,
+                      "ok" if ok else "fail", "" if ok else f"NMSE {err:.3e} > {tol:.1e}")
+        if row.verdict in BAD:
+            repro = repro or s.repro(case)
+            row.repro = repro
+        rows.append(row)
+    arrays = {p: o.arrays for p, o in outs.items() if keep and o.arrays is not None}
+    return rows, arrays
+
+
+def _pairs(names: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for a, b in itertools.combinations(names, 2):
+        if a == "reference":
+            a, b = b, a
+        out.append((a, b))
+    return out
+
+
+def _crash_rows(case: Case, paths: Iterable[str] | None, verdict: str, detail: str, probe: bool) -> list[Row]:
+    try:
+        s = all_subjects(probe)[case.subject]
+        names = [p for p in s.paths if paths is None or p in paths]
+        repro = s.repro(case)
+        op = s.op
+    except Exception:                    # the subject itself is unknown here
+        names, repro, op = ["?", "?"], "", case.subject
+    pairs = _pairs(names) or [(names[0], names[0])]
+    return [Row(case.subject, op, case.label, case.type, case.index, case.seed, a, b, None, None, None,
+                verdict, detail, repro) for a, b in pairs]
+
+
+# --- worker processes ------------------------------------------------------------------
+
+def _worker_main(conn, paths, probe, keep, stderr_path):
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)                       # ggml's messages before an abort land here
+    os.close(fd)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        for i, case in msg:
+            conn.send(("start", i))
+            rows, arrays = check_case(case, paths, probe, keep)
+            conn.send(("done", i, rows, arrays))
+        conn.send(("batch",))
+
+
+class _Worker:
+    def __init__(self, ctx, paths, probe, keep):
+        self.stderr = tempfile.NamedTemporaryFile(prefix="pyggml-parity-", suffix=".err", delete=False)
+        self.stderr.close()
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, self.stderr.name),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.inflight: list[tuple[int, Case]] = []
+        self.current: int | None = None
+        self.started = time.monotonic()
+
+    def tail(self) -> str:
+        try:
+            with open(self.stderr.name, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 1500))
+                return f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def close(self, kill=False):
+        if kill and self.proc.is_alive():
+            self.proc.kill()
+        try:
+            if not kill:
+                self.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+        try:
+            os.unlink(self.stderr.name)
+        except OSError:
+            pass
+
+
+def _death(proc) -> str:
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: int = 0, probe: bool = True,
+              keep: bool = False, timeout: float = 300.0, batch: int = 16,
+              progress: Progress | None = None) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
+    """Check every case; rows in the order of ``cases``. ``workers`` processes (0: in
+    this process); a case that takes more than ``timeout`` seconds is a ``timeout`` row.
+    With ``keep``, also {case key: {path: arrays}}."""
+    paths = list(paths) if paths is not None else None
+    results: dict[int, list[Row]] = {}
+    kept: dict[str, dict[str, list[np.ndarray]]] = {}
+    done = 0
+
+    def finish(i: int, rows: list[Row], arrays: dict[str, Any] | None = None):
+        nonlocal done
+        results[i] = rows
+        if arrays:
+            kept[cases[i].key] = arrays
+        done += 1
+        if progress:
+            progress(done, len(cases), cases[i])
+
+    if workers <= 0:
+        for i, c in enumerate(cases):
+            rows, arrays = check_case(c, paths, probe, keep)
+            finish(i, rows, arrays)
+        return [r for i in range(len(cases)) for r in results[i]], kept
+
+    ctx = mp.get_context("spawn")        # a clean interpreter: no inherited threads or OpenMP state
+    todo = list(enumerate(cases))
+    todo.reverse()
+    pool = [_Worker(ctx, paths, probe, keep) for _ in range(min(workers, max(1, len(cases))))]
+    try:
+        def feed(w: _Worker):
+            chunk = [todo.pop() for _ in range(min(batch, len(todo)))]
+            w.inflight = chunk
+            w.current = None
+            if chunk:
+                w.started = time.monotonic()
+                w.conn.send(chunk)
+
+        for w in pool:
+            feed(w)
+        while any(w.inflight for w in pool):
+            busy = [w for w in pool if w.inflight]
+            ready = mp.connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
+            now = time.monotonic()
+            for w in busy:
+                dead = w.proc.sentinel in ready and not w.conn.poll()
+                try:
+                    while w.conn.poll():
+                        msg = w.conn.recv()
+                        if msg[0] == "start":
+                            w.current, w.started = msg[1], time.monotonic()
+                        elif msg[0] == "done":
+                            finish(msg[1], msg[2], msg[3])
+                            w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
+                            w.current = None
+                        elif msg[0] == "batch":
+                            feed(w)
+                except (EOFError, OSError):
+                    dead = True
+                hung = w.current is not None and now - w.started > timeout
+                if not (dead or hung):
+                    continue
+                # the case in flight is the culprit; the rest of the batch goes back
+                verdict = "timeout" if hung and not dead else "crashed"
+                w.close(kill=True)
+                detail = (f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc))
+                tail = w.tail()
+                if tail:
+                    detail += f"; stderr: {tail[-600:]}"
+                culprit = w.current if w.current is not None else (w.inflight[0][0] if w.inflight else None)
+                for i, c in w.inflight:
+                    if i == culprit:
+                        finish(i, _crash_rows(c, paths, verdict, detail, probe))
+                    else:
+                        todo.append((i, c))
+                w.inflight = []
+                pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep)
+                feed(nw)
+    finally:
+        for w in pool:
+            w.close()
+    return [r for i in range(len(cases)) for r in results[i]], kept
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    by = {v: 0 for v in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error", "skipped")}
+    for r in rows:
+        by[r.verdict] = by.get(r.verdict, 0) + 1
+    finite = [r.nmse for r in rows if r.nmse is not None and math.isfinite(r.nmse) and r.b == "reference"]
+    return {"comparisons": len(rows), **by, "worst_nmse": max(finite, default=0.0),
+            "subjects": len({r.subject for r in rows}), "cases": len({(r.subject, r.type, r.index) for r in rows})}

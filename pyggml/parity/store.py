@@ -1,0 +1,118 @@
+"""Differential results across builds: a sweep's outputs saved with the identity of
+the build that made them (``pyggml parity --save F.npz``), and two such files compared
+case by case and against the float64 reference (``pyggml parity diff A B``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from pyggml.parity.model import compare_outputs
+
+__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "save"]
+
+_SEP = "||"
+
+
+def build_identity() -> dict[str, Any]:
+    """What made these numbers: ggml version and commit, where its source came from, the
+    instruction sets its CPU kernels were compiled for, the backend."""
+    import pyggml
+    from pyggml import _cpu
+
+    info = pyggml.build_info()
+    feats = _cpu.cpu_features()
+    return {"pyggml": pyggml.__version__, "ggml_version": info["ggml_version"], "ggml_commit": info["ggml_commit"],
+            "ggml_source": info["ggml_source"], "native": info["native"], "openmp": info["openmp"],
+            "cpu_features": sorted(k for k, v in feats.items() if v), "backend": "CPU"}
+
+
+def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str, Any] | None = None) -> int:
+    """Write every path's arrays of every case to an .npz (key: case key, path, index),
+    with the build identity and ``meta``. Returns the number of arrays."""
+    arrays = {}
+    for key, paths in kept.items():
+        for p, arrs in paths.items():
+            for i, a in enumerate(arrs):
+                arrays[_SEP.join((key, p, str(i)))] = np.asarray(a)
+    doc = {"identity": build_identity(), "meta": meta or {}}
+    np.savez_compressed(path, __meta__=np.frombuffer(json.dumps(doc).encode(), np.uint8), **arrays)
+    return len(arrays)
+
+
+def load(path: str) -> tuple[dict[str, Any], dict[str, dict[str, list[np.ndarray]]]]:
+    with np.load(path) as z:
+        doc = json.loads(bytes(z["__meta__"]).decode())
+        out: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+        for k in z.files:
+            if k == "__meta__":
+                continue
+            key, p, i = k.split(_SEP)
+            out.setdefault(key, {}).setdefault(p, {})[int(i)] = z[k]
+    return doc, {key: {p: [d[i] for i in sorted(d)] for p, d in paths.items()} for key, paths in out.items()}
+
+
+@dataclasses.dataclass
+class Difference:
+    case: str                 # subject|type|index
+    path: str
+    nmse: float               # A against B
+    max_abs: float
+    bitwise: bool
+    nmse_a: float | None      # each against the reference saved with it
+    nmse_b: float | None
+
+    @property
+    def closer(self) -> str:
+        if self.nmse_a is None or self.nmse_b is None or self.nmse_a == self.nmse_b:
+            return "-"
+        return "A" if self.nmse_a < self.nmse_b else "B"
+
+
+def diff(a_path: str, b_path: str, paths: tuple[str, ...] = ("ggml", "ggml-ref", "autodiff")) -> tuple[
+        dict[str, Any], dict[str, Any], list[Difference]]:
+    """Compare two saved sweeps on the cases and paths both have."""
+    meta_a, a = load(a_path)
+    meta_b, b = load(b_path)
+    out = []
+    for key in sorted(set(a) & set(b)):
+        for p in paths:
+            if p not in a[key] or p not in b[key]:
+                continue
+            err, max_abs = compare_outputs(a[key][p], b[key][p])
+            bitwise = all(np.array_equal(x, y) for x, y in zip(a[key][p], b[key][p]))
+            ra = compare_outputs(a[key][p], a[key]["reference"])[0] if "reference" in a[key] else None
+            rb = compare_outputs(b[key][p], b[key]["reference"])[0] if "reference" in b[key] else None
+            out.append(Difference(key, p, err, max_abs, bitwise, ra, rb))
+    return meta_a, meta_b, out
+
+
+def _ident(doc: dict[str, Any]) -> str:
+    i = doc["identity"]
+    return (f"ggml {i['ggml_version']} ({i['ggml_source']}), {'+'.join(i['cpu_features']) or 'no SIMD'}"
+            f"{', native' if i.get('native') else ''}")
+
+
+def format_diff(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Difference], tol: float = 1e-7,
+                limit: int = 40) -> tuple[str, int]:
+    """A table of the cases where A and B differ (beyond ``tol`` first), and a count of
+    those beyond ``tol``."""
+    beyond = [d for d in diffs if not (d.nmse <= tol)]
+    differ = [d for d in diffs if not d.bitwise]
+    lines = [f"A: {_ident(meta_a)}", f"B: {_ident(meta_b)}",
+             f"{len(diffs)} outputs in both: {len(diffs) - len(differ)} bitwise equal, {len(differ)} differ, "
+             f"{len(beyond)} beyond NMSE {tol:.0e}"]
+    closer = {"A": sum(d.closer == "A" for d in differ), "B": sum(d.closer == "B" for d in differ)}
+    lines.append(f"of those that differ, closer to the float64 reference: A {closer['A']}, B {closer['B']}")
+    if differ:
+        lines.append(f"{'case':56s} {'path':9s} {'NMSE A~B':>10s} {'max abs':>10s} {'A~ref':>10s} {'B~ref':>10s} closer")
+        ranked = sorted(differ, key=lambda d: -(d.nmse if math.isfinite(d.nmse) else 1e300))
+        for d in ranked[:limit]:
+            f = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
+            lines.append(f"{d.case[:56]:56s} {d.path:9s} {f(d.nmse):>10s} {f(d.max_abs):>10s} {f(d.nmse_a):>10s} "
+                         f"{f(d.nmse_b):>10s} {d.closer}")
+    return "\n".join(lines), len(beyond)

@@ -1,0 +1,258 @@
+"""The subjects a sweep can check: every op of the registry (``op:NAME``), the
+gradients of every op ggml can differentiate (``grad:NAME``), the attention gradients
+(``attention``), and what users register (:func:`register_subject`)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+
+import pyggml
+from pyggml import Type
+from pyggml.errors import GGMLError, GGMLVersionError, UpstreamDefect
+from pyggml.opinfo import Arg, OpInfo, Sample, registry
+from pyggml.opinfo import harness
+from pyggml.parity import torch_ops
+from pyggml.parity.model import Case, Outcome, Subject
+
+__all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "register_subject", "subject"]
+
+GRAD_SAMPLES = 3          # gradient checks per op: the first few F32 contiguous samples, as the tests
+
+
+def sample_seed(op: str, key: str, seed: int) -> int:
+    """The generator seed of an op's samples of one type (or "grad"): the tests' own,
+    shifted by ``seed`` (``PYGGML_SEED`` / ``pyggml parity --seed``)."""
+    return zlib.crc32(repr((op, key)).encode()) ^ seed
+
+
+def _outcome_of(e: GGMLError) -> Outcome:
+    if isinstance(e, UpstreamDefect):
+        if e.defect == "kernel-out-of-bounds":
+            return Outcome(verdict="oob", detail=str(e), defect=e.defect)
+        return Outcome(verdict="refused", detail=str(e), defect=e.defect)
+    if isinstance(e, GGMLVersionError):
+        return Outcome(verdict="skipped", detail=str(e))
+    return Outcome(verdict="error", detail=f"{type(e).__name__}: {e}")
+
+
+class OpSubject(Subject):
+    """One registry op: paths ``ggml`` (its CPU kernel; with ``probe`` first once in
+    a forked child with every tensor between guard pages), ``ggml-ref`` (the CPU
+    backend's reference implementations), ``reference`` (float64), ``torch``."""
+
+    def __init__(self, info: OpInfo, probe: bool = True):
+        self.info = info
+        self.name = f"op:{info.op}"
+        self.op = info.op
+        self.probe = probe
+        paths = ["ggml", "ggml-ref", "reference"]
+        if torch_ops.has(info.op):
+            paths.append("torch")
+        self.paths = tuple(paths)
+
+    @functools.lru_cache(maxsize=8)
+    def _samples(self, type_name: str, seed: int) -> list[Sample]:
+        rng = np.random.default_rng(sample_seed(self.op, type_name, seed))
+        return list(self.info.samples(rng, Type[type_name]))
+
+    def cases(self, seed: int, quick: bool) -> list[Case]:
+        out = []
+        for t in self.info.types:
+            samples = self._samples(t.name, seed)
+            for i, s in enumerate(samples[:2] if quick else samples):
+                out.append(Case(self.name, t.name, i, seed, f"{t.name} {s.name}"))
+        return out
+
+    def sample(self, case: Case) -> Sample:
+        return self._samples(case.type, case.seed)[case.index]
+
+    def compute(self, case: Case, path: str) -> Outcome:
+        s = self.sample(case)
+        try:
+            if path == "reference":
+                return Outcome([np.asarray(harness.reference(self.info, s), np.float64)])
+            if path == "torch":
+                if Type[case.type] != Type.F32:
+                    return Outcome(verdict="skipped", detail="the torch path takes F32 samples")
+                return Outcome([torch_ops.run(self.op, harness._ref_args(s))])
+            out, _ = harness.compute(self.info, s, use_ref=(path == "ggml-ref"),
+                                     prove=self.probe and path == "ggml")
+        except GGMLError as e:
+            got = _outcome_of(e)
+            if got.verdict == "refused" and s.defect and got.defect != s.defect:
+                got.verdict, got.detail = "fail", f"refused as {got.defect}, the sample expects {s.defect}: {e}"
+            return got
+        if s.defect:
+            return Outcome(verdict="fail", detail=f"the sample expects the defect {s.defect}, but ggml computed it")
+        return Outcome([out])
+
+    def tolerance(self, case: Case, a: str, b: str) -> float:
+        if self.info.exact:
+            return 0.0
+        tol = self.info.tolerance(Type[case.type])
+        return tol if b == "reference" else (2 * math.sqrt(tol)) ** 2
+
+    def repro(self, case: Case) -> str:
+        return (f"import numpy as np, pyggml\n"
+                f"from pyggml.opinfo import registry\n"
+                f"from pyggml.opinfo.harness import run\n"
+                f"info = registry()[{self.op!r}]\n"
+                f"t = pyggml.Type.{case.type}\n"
+                f"sample = list(info.samples(np.random.default_rng({sample_seed(self.op, case.type, case.seed)}), t))"
+                f"[{case.index}]\n"
+                f"res = run(info, sample)\n"
+                f"print(sample.name, 'NMSE', res.nmse, 'tolerance', info.tolerance(t))\n")
+
+
+class GradSubject(Subject):
+    """ggml's autodiff of one op (``autodiff``) against central differences of its
+    float64 reference (``reference``), for a random cotangent."""
+
+    paths = ("autodiff", "reference")
+
+    def __init__(self, info: OpInfo):
+        self.info = info
+        self.name = f"grad:{info.op}"
+        self.op = info.op
+
+    @functools.lru_cache(maxsize=4)
+    def _samples(self, seed: int) -> list[tuple[int, Sample]]:
+        rng = np.random.default_rng(sample_seed(self.op, "grad", seed))
+        picked = [(i, s) for i, s in enumerate(self.info.samples(rng, Type.F32))
+                  if all(a.layout == "contiguous" for a in s.args if isinstance(a, Arg)) and not s.defect]
+        return picked[:GRAD_SAMPLES] + [p for p in picked[GRAD_SAMPLES:] if p[1].grad_defect]
+
+    def cases(self, seed: int, quick: bool) -> list[Case]:
+        picked = self._samples(seed)
+        return [Case(self.name, "F32", i, seed, f"F32 {s.name}") for i, (_, s) in enumerate(picked[:1] if quick else picked)]
+
+    @functools.lru_cache(maxsize=2)
+    def _both(self, case: Case) -> tuple[list[np.ndarray], list[np.ndarray]] | Outcome:
+        _, s = self._samples(case.seed)[case.index]
+        try:
+            got, num = harness.gradients(self.info, s)
+        except GGMLError as e:
+            out = _outcome_of(e)
+            if out.verdict == "refused" and s.grad_defect and out.defect != s.grad_defect:
+                out.verdict = "fail"
+            return out
+        if s.grad_defect:
+            return Outcome(verdict="fail", detail=f"the sample expects the defect {s.grad_defect} in the backward "
+                                                  f"pass, but ggml computed it")
+        keys = sorted(num)
+        return [got[k] for k in keys], [num[k] for k in keys]
+
+    def compute(self, case: Case, path: str) -> Outcome:
+        both = self._both(case)
+        if isinstance(both, Outcome):
+            return both
+        return Outcome(both[0] if path == "autodiff" else both[1])
+
+    def tolerance(self, case: Case, a: str, b: str) -> float:
+        return self.info.grad_tol
+
+    def repro(self, case: Case) -> str:
+        i, _ = self._samples(case.seed)[case.index]
+        return (f"import numpy as np, pyggml\n"
+                f"from pyggml.opinfo import registry\n"
+                f"from pyggml.opinfo.harness import grad_check\n"
+                f"info = registry()[{self.op!r}]\n"
+                f"sample = list(info.samples(np.random.default_rng({sample_seed(self.op, 'grad', case.seed)}), "
+                f"pyggml.Type.F32))[{i}]\n"
+                f"print(sample.name, 'gradient NMSE per argument', grad_check(info, sample))\n")
+
+
+class AttentionSubject(Subject):
+    """The attention gradients (dq, dk, dv) of FLASH_ATTN_BACK (``ggml``), of ggml's
+    autodiff of the forward built from ggml ops (``autodiff``), of the float64
+    reference, and of torch (pyggml.parity.attention)."""
+
+    name = "attention"
+    op = "flash_attn_back"
+
+    def __init__(self):
+        from pyggml.parity import attention
+        self._a = attention
+        self.paths = ("ggml", "autodiff", "reference") + (("torch",) if attention.torch_available() else ())
+
+    @functools.lru_cache(maxsize=2)
+    def _sweep(self, quick: bool) -> list[Any]:
+        return self._a.sweep(quick)
+
+    def cases(self, seed: int, quick: bool) -> list[Case]:
+        full = self._sweep(False)
+        chosen = self._sweep(quick)
+        return [Case(self.name, "F32", full.index(c), seed, c.name) for c in chosen]
+
+    def compute(self, case: Case, path: str) -> Outcome:
+        c = self._sweep(False)[case.index]
+        q, k, v, d = c.inputs(case.seed)
+        fn = {"ggml": self._a.path_kernel, "autodiff": self._a.path_autodiff,
+              "reference": self._a.path_reference, "torch": self._a.path_torch}[path]
+        try:
+            return Outcome([np.asarray(g) for g in fn(q, k, v, d, c.masked)])
+        except self._a.Refused as e:
+            return Outcome(verdict="refused", detail=str(e), defect=str(e).split(":")[0])
+        except GGMLError as e:
+            return _outcome_of(e)
+
+    def tolerance(self, case: Case, a: str, b: str) -> float:
+        return self._a.NMSE_REF if b == "reference" else self._a.NMSE_F32
+
+    def repro(self, case: Case) -> str:
+        c = self._sweep(False)[case.index]
+        return (f"import pyggml.parity.attention as A\n"
+                f"c = A.Case({c.D}, {c.N}, {c.M}, {c.H}, {c.KVH}, {c.B}, {c.masked})\n"
+                f"q, k, v, d = c.inputs({case.seed})\n"
+                f"rows = A.run([c], A.available_paths(), seed={case.seed})\n"
+                f"print(A.format_table(rows))\n")
+
+
+_USER: dict[str, Subject] = {}
+
+
+def register_subject(s: Subject) -> Subject:
+    """Add a subject of your own to every sweep of this process (and of its workers: do
+    it at import time of a module, as multiprocessing's spawn start method re-imports
+    the main module). Returns it."""
+    if not s.name or not s.paths:
+        raise ValueError("a subject needs a name and at least one path")
+    _USER[s.name] = s
+    return s
+
+
+@functools.lru_cache(maxsize=2)
+def _builtin(probe: bool) -> dict[str, Subject]:
+    out: dict[str, Subject] = {}
+    for name, info in sorted(registry().items()):
+        if not _callable(name):
+            continue
+        out[f"op:{name}"] = OpSubject(info, probe)
+        if info.grad:
+            out[f"grad:{name}"] = GradSubject(info)
+    if pyggml.build_info()["features"]["flash_attn_back"]:
+        out["attention"] = AttentionSubject()
+    return out
+
+
+def _callable(name: str) -> bool:
+    from pyggml import _optable
+    row = next((r for r in _optable.OPS if r["name"] == name), None)
+    return row is not None and (row["available"] or ("impl=pyggml" in row["flags"] and hasattr(pyggml, name)))
+
+
+def all_subjects(probe: bool = True) -> dict[str, Subject]:
+    """Every subject: the built-in ones, then the registered ones."""
+    d = dict(_builtin(probe))
+    d.update(_USER)
+    return d
+
+
+def subject(name: str, probe: bool = True) -> Subject:
+    return all_subjects(probe)[name]
+

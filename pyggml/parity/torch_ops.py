@@ -1,0 +1,62 @@
+"""The ``torch`` path of op subjects: the same op computed by torch on the CPU, in
+float32, for the ops whose meaning torch has one function (or a line) for. Only where
+torch is importable; never required."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["available", "has", "run"]
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> bool:
+    try:
+        import torch  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _table() -> dict[str, Callable[..., Any]]:
+    import torch  # type: ignore[import-not-found]
+    F = torch.nn.functional
+
+    def rms_norm(a, eps):
+        return a / torch.sqrt((a * a).mean(-1, keepdim=True) + eps)
+
+    return {
+        "sqr": lambda a: a * a, "sqrt": torch.sqrt, "log": torch.log, "exp": torch.exp, "sin": torch.sin,
+        "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "silu": F.silu,
+        "neg": torch.neg, "abs": torch.abs, "elu": F.elu, "gelu_erf": F.gelu, "hardswish": F.hardswish,
+        "hardsigmoid": F.hardsigmoid, "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc,
+        "expm1": torch.expm1, "softplus": F.softplus, "sgn": torch.sign,
+        "soft_max": lambda a: torch.softmax(a, -1),
+        "norm": lambda a, eps: F.layer_norm(a, a.shape[-1:], eps=eps),
+        "rms_norm": rms_norm,
+        "sum_rows": lambda a: a.sum(-1, keepdim=True),
+        "cumsum": lambda a: torch.cumsum(a, -1),
+        "mul_mat": lambda a, b: torch.matmul(b, a.transpose(-1, -2)),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def _ops() -> dict[str, Callable[..., Any]]:
+    return _table() if available() else {}
+
+
+def has(op: str) -> bool:
+    return op in _ops()
+
+
+def run(op: str, args: list[Any]) -> np.ndarray:
+    """torch's result for the reference's arguments (arrays become float32 tensors;
+    scalars pass as they are)."""
+    import torch  # type: ignore[import-not-found]
+    targs = [torch.from_numpy(np.ascontiguousarray(a, np.float32)) if isinstance(a, np.ndarray) else a
+             for a in args]
+    with torch.no_grad():
+        return _ops()[op](*targs).double().numpy()

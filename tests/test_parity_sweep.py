@@ -1,0 +1,177 @@
+"""The generic parity harness (pyggml.parity): subjects, paths, crash isolation, reports,
+saved results and their diff, and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import parity
+from pyggml.parity import report, runner, store
+
+PY = sys.executable
+
+
+def cli(*args, cwd=None, timeout=600):
+    return subprocess.run([PY, "-m", "pyggml", *args], capture_output=True, text=True, cwd=cwd or "/",
+                          timeout=timeout)
+
+
+def test_op_subjects_agree_along_every_path():
+    rows = parity.check(["soft_max_ext", "rms_norm", "cumsum"], quick=True)
+    assert rows and {r.verdict for r in rows} == {"ok"}
+    pairs = {(r.a, r.b) for r in rows}
+    assert ("ggml", "reference") in pairs and ("ggml-ref", "reference") in pairs and ("ggml", "ggml-ref") in pairs
+    assert all(r.b == "reference" or "reference" not in (r.a, r.b) for r in rows)
+    assert all(r.nmse is not None and r.nmse <= r.tol for r in rows)
+    ref_rows = [r for r in rows if r.b == "reference"]
+    assert all(r.seed == 0 and r.case for r in ref_rows)
+
+
+def test_gradient_subjects_compare_autodiff_with_central_differences():
+    rows = parity.check("grad:mul_mat", quick=True)
+    assert rows and all((r.a, r.b) == ("autodiff", "reference") and r.verdict == "ok" for r in rows)
+    assert max(r.nmse for r in rows) < 1e-10
+
+
+def test_known_defects_are_refused_rows():
+    cases = [c for c in runner.select(["rope_ext_back"]) if "odd ne0" in c.label]
+    assert cases
+    rows, _ = runner.run_cases(cases[:1])
+    ggml_rows = [r for r in rows if "ggml" in (r.a, r.b)]
+    assert ggml_rows and all(r.verdict == "refused" and "rope-odd-ne0" in r.detail for r in ggml_rows)
+
+
+def test_a_wrong_path_fails_with_a_reproducer():
+    s = parity.FunctionSubject("tests_scaled", inputs=lambda rng: (rng.standard_normal(16),),
+                               paths={"ggml": lambda x: x * 1.001, "reference": lambda x: x})
+    s.repro = lambda case: f"print('case {case.index}')\n"
+    parity.register_subject(s)
+    rows = parity.check("tests_scaled")
+    assert len(rows) == 8 and all(r.verdict == "fail" and r.nmse == pytest.approx(1e-6, rel=1e-3) for r in rows)
+    assert rows[0].repro == "print('case 0')\n"
+    text = report.format_summary(rows)
+    assert "tests_scaled" in text and "print('case 0')" in text
+
+
+def test_paths_must_exist_and_differ_on_the_command_line():
+    for args, msg in [(["--paths", "foo,ggml"], "unknown foo"), (["--paths", "ggml,ggml"], "compared with itself"),
+                      (["--paths", "ggml"], "at least two paths"), (["--workers", "-1"], "--workers"),
+                      (["--timeout", "0"], "--timeout"), (["--op", "no_such_op"], "nothing to compare"),
+                      (["--types", "F33"], "unknown F33")]:
+        proc = cli("parity", *args)
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_version_and_a_closed_pipe():
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()})"
+    p = subprocess.run(f"{PY} -m pyggml demo | head -1", shell=True, capture_output=True, text=True, cwd="/")
+    assert p.stdout.startswith("pyggml ") and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr
+
+
+def test_command_writes_json_junit_and_saves(tmp_path):
+    js, xml, npz = tmp_path / "p.json", tmp_path / "p.xml", tmp_path / "p.npz"
+    proc = cli("parity", "--op", "cumsum", "--op", "grad:sqr", "--quick", "--workers", "1", "--json", str(js),
+               "--junit", str(xml), "--save", str(npz))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    assert set(doc) == {"rows", "summary", "meta"} and doc["summary"]["fail"] == 0
+    row = doc["rows"][0]
+    assert set(row) >= {"op", "case", "seed", "a", "b", "nmse", "max_abs", "verdict", "repro"}
+    assert {r["subject"] for r in doc["rows"]} == {"op:cumsum", "grad:sqr"}
+    assert doc["meta"]["identity"]["ggml_version"] == pyggml.ggml_version()
+    suite = ET.parse(xml).getroot()
+    assert suite.get("tests") == str(len(doc["rows"])) and suite.get("failures") == "0"
+    meta, kept = store.load(str(npz))
+    assert meta["identity"]["cpu_features"] == sorted(k for k, v in pyggml._cpu.cpu_features().items() if v)
+    key = next(iter(kept))
+    assert set(kept[key]) >= {"ggml", "reference"}
+    assert "cumsum" in proc.stdout and "ok" in proc.stdout
+
+
+def test_diff_of_two_saved_sweeps(tmp_path):
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    for p in (a, b):
+        proc = cli("parity", "--op", "soft_max", "--types", "F32", "--quick", "--workers", "0", "--save", str(p))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    same = cli("parity", "diff", str(a), str(b))
+    assert same.returncode == 0 and "0 differ" in same.stdout, same.stdout
+    # B with one output nudged: that case differs, and A is the one closer to the reference
+    meta, kept = store.load(str(b))
+    key = sorted(kept)[0]
+    kept[key]["ggml"] = [x * 1.01 for x in kept[key]["ggml"]]
+    store.save(str(b), kept, meta["meta"])
+    differ = cli("parity", "diff", str(a), str(b))
+    assert differ.returncode == 1 and "1 differ, 1 beyond" in differ.stdout, differ.stdout
+    line = next(ln for ln in differ.stdout.splitlines() if ln.startswith(key[:56]))
+    assert line.split()[-1] == "A"
+
+
+PLANTED = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np
+    from pyggml import parity
+
+    def ggml_path(x):
+        if abs(x[0] - CRASH_AT) < 1e-12:
+            os.kill(os.getpid(), signal.SIGSEGV)        # a crash inside a kernel, as it looks
+        if abs(x[0] - HANG_AT) < 1e-12:
+            time.sleep(60)
+        return x
+
+    def inputs(rng):
+        return (np.array([float(rng.integers(0, 4))]),)
+
+    parity.register_subject(parity.FunctionSubject("planted", inputs, {"ggml": ggml_path, "reference": lambda x: x},
+                                                   n_cases=8))
+    CRASH_AT, HANG_AT = 1.0, 2.0
+
+    if __name__ == "__main__":
+        cases = parity.select(["planted"])
+        rows, _ = parity.run_cases(cases, workers=1, timeout=3)
+        for c, r in zip(cases, rows):
+            print(c.index, r.verdict, r.detail.split(";")[0])
+""")
+
+
+def test_a_crash_or_hang_in_a_worker_is_a_row_and_the_sweep_goes_on(tmp_path):
+    script = tmp_path / "planted.py"
+    script.write_text(PLANTED)
+    proc = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {int(line.split()[0]): line.split(None, 2)[1:] for line in proc.stdout.splitlines()}
+    rng_first = {i: float(np.random.default_rng([0, i]).integers(0, 4)) for i in range(8)}
+    assert len(got) == 8
+    for i, first in rng_first.items():
+        verdict = got[i][0]
+        want = {1.0: "crashed", 2.0: "timeout"}.get(first, "ok")
+        assert verdict == want, (i, first, got[i])
+    crashed = [v for v in got.values() if v[0] == "crashed"]
+    assert crashed and all("SIGSEGV" in v[1] for v in crashed)
+
+
+def test_ggml_ref_is_the_reference_implementation_switch():
+    assert pyggml.build_info()["features"]["use_ref"]
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4, 600, 64)).astype(np.float32)      # long enough for ggml's tiled path
+    with pyggml.Context(256 << 20) as ctx:
+        tq = ctx.from_numpy(q[0].transpose(1, 0, 2).copy())
+        k = ctx.from_numpy(rng.standard_normal((4, 600, 64)).astype(np.float16).transpose(1, 0, 2).copy())
+        v = ctx.from_numpy(rng.standard_normal((4, 600, 64)).astype(np.float16).transpose(1, 0, 2).copy())
+        r = pyggml.flash_attn_ext(ctx, pyggml.permute(ctx, tq, 0, 2, 1, 3), pyggml.permute(ctx, k, 0, 2, 1, 3),
+                                  pyggml.permute(ctx, v, 0, 2, 1, 3), None, 0.125, 0.0, 0.0)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(r)
+        g.compute(2)
+        fast = r.numpy().copy()
+        g.compute(2, use_ref=True)
+        ref = r.numpy().copy()
+    err = float(np.sum((fast - ref) ** 2) / np.sum(ref ** 2))
+    assert 0 < err < 1e-5          # two implementations of the same thing: close, not the same bits
