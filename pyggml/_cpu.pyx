@@ -330,7 +330,7 @@ cdef class CpuExecutor(Executor):
         graph._check()
         cdef int n = _need_threads(n_threads)
         if use_ref and not PYGGML_HAVE_USE_REF:
-            raise GGMLVersionError(f"compute: use_ref needs ggml_cplan.use_ref, which ggml {ggml_version().decode()} "
+            raise GGMLVersionError(f"compute: use_ref needs ggml_cplan.use_ref, which ggml {c_ggml_version().decode()} "
                                    f"lacks")
         if graph._unallocated is not None:
             raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context, "

@@ -207,6 +207,8 @@ def compute(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = Fa
     the CPU backend's reference implementations (``ggml_cplan.use_ref``); ``prove``:
     first compute it once in a forked child with every tensor between guard pages (a
     read or write past a tensor raises UpstreamDefect "kernel-out-of-bounds")."""
+    from pyggml.opinfo import train
+    train.reset(sample)
     with pyggml.Context(_nbytes_hint(sample) + (16 << 20)) as ctx:
         args = [_tensor(ctx, a) if isinstance(a, Arg) else a for a in sample.args]
         t = getattr(pyggml, info.op)(ctx, *args)

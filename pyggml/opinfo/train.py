@@ -44,6 +44,14 @@ def _restore(t) -> np.ndarray:
     return values.astype(np.float64)
 
 
+def reset(sample: Sample) -> None:
+    """Put every param_tensor of a sample back to the values it was made with (ggml
+    computes opt_step in place: a second path must start where the first did)."""
+    for a in sample.args:
+        if isinstance(a, pyggml.Tensor) and id(a) in _PARAMS:
+            _restore(a)
+
+
 def ref_cross_entropy_loss(a, b):
     """-(1/rows) * sum over rows of sum_i b_i * log_softmax(a)_i, as a 1-element tensor"""
     m = a.max(axis=-1, keepdims=True)

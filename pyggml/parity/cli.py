@@ -116,7 +116,7 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if args.verbose:
         print(report.format_rows(rows))
         print()
-    print(report.format_summary(rows))
+    print(report.format_summary(rows, every=args.verbose))
     s = runner.summarize(rows)
     counts = ", ".join(f"{k} {s[k]}" for k in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error",
                                                 "skipped") if s[k])

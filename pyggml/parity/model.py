@@ -69,6 +69,7 @@ class Row:
     verdict: str
     detail: str = ""
     repro: str = ""
+    defect: str = ""         # the registry defect (pyggml.defects) a refused/oob row is about
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -29,9 +29,11 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def format_summary(rows: list[Row], failures: int = 20) -> str:
-    """One line per subject: its comparisons by verdict and its worst NMSE against the
-    reference; then the first ``failures`` bad rows with their reproducers."""
+def format_summary(rows: list[Row], failures: int = 20, every: bool = False) -> str:
+    """One line per subject with anything but ``ok`` (every subject with ``every``):
+    its comparisons by verdict and its worst NMSE against the reference; a count of the
+    subjects whose every comparison is ok; then the first ``failures`` bad rows with
+    their reproducers."""
     by: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     worst: dict[str, float] = {}
     for r in rows:
@@ -40,9 +42,16 @@ def format_summary(rows: list[Row], failures: int = 20) -> str:
             worst[r.subject] = max(worst.get(r.subject, 0.0), r.nmse)
     cols = [c for c in _COLS if any(by[s][c] for s in by)]
     out = [f"{'subject':30s} " + " ".join(f"{c:>8s}" for c in cols) + f" {'worst NMSE':>11s}"]
+    clean = [s for s in by if set(by[s]) == {"ok"}]
     for s in sorted(by, key=lambda s: (not any(by[s][v] for v in BAD), s)):
+        if s in clean and not every:
+            continue
         out.append(f"{s:30s} " + " ".join(f"{by[s][c] or '':>8}" for c in cols) +
                    f" {_num(worst.get(s)):>11s}")
+    if clean and not every:
+        out.append(f"{'(' + str(len(clean)) + ' more subjects: all ok)':30s} " +
+                   " ".join(f"{sum(by[s][c] for s in clean) or '':>8}" for c in cols) +
+                   f" {_num(max((worst.get(s, 0.0) for s in clean), default=None)):>11s}")
     bad = [r for r in rows if r.verdict in BAD]
     if bad:
         out.append("")

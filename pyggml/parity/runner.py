@@ -68,7 +68,7 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
             order = {v: i for i, v in enumerate(("error", "fail", "oob", "refused", "skipped", "ok"))}
             bad = min((oa, ob), key=lambda o: order.get(o.verdict, 0))
             row = Row(s.name, s.op, case.label, case.type, case.index, case.seed, a, b, None, None, tol,
-                      bad.verdict, bad.detail)
+                      bad.verdict, bad.detail, defect=bad.defect)
         else:
             err, max_abs = compare_outputs(oa.arrays or [], ob.arrays or [], exact=(tol == 0.0))
             ok = err <= tol
@@ -121,7 +121,6 @@ def _worker_main(conn, paths, probe, keep, stderr_path):
             conn.send(("start", i))
             rows, arrays = check_case(case, paths, probe, keep)
             conn.send(("done", i, rows, arrays))
-        conn.send(("batch",))
 
 
 class _Worker:
@@ -231,8 +230,8 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                             finish(msg[1], msg[2], msg[3])
                             w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
                             w.current = None
-                        elif msg[0] == "batch":
-                            feed(w)
+                            if not w.inflight:      # the worker reads its next batch when done with this one
+                                feed(w)
                 except (EOFError, OSError):
                     dead = True
                 hung = w.current is not None and now - w.started > timeout
