@@ -75,7 +75,14 @@ class OpSubject(Subject):
         s = self.sample(case)
         try:
             if path == "reference":
-                return Outcome([np.asarray(harness.reference(self.info, s), np.float64)])
+                try:
+                    return Outcome([np.asarray(harness.reference(self.info, s), np.float64)])
+                except Exception as e:
+                    if not s.defect:
+                        raise
+                    # a defect's sample may lie outside what the reference models
+                    return Outcome(verdict="refused", detail=f"the sample of the defect {s.defect}, which the "
+                                   f"reference does not model ({type(e).__name__}: {e})", defect=s.defect)
             if path == "torch":
                 if Type[case.type] != Type.F32:
                     return Outcome(verdict="skipped", detail="the torch path takes F32 samples")

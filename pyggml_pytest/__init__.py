@@ -1,0 +1,135 @@
+"""The parity sweep as pytest items: ``pytest --pyggml-sweep [-n 2]``.
+
+Registered as a pytest plugin (entry point ``pytest11``), so it is there wherever
+pyggml is installed. It is a top-level module of its own, as hypothesis's plugin is, so
+that loading it imports nothing of pyggml: a pytest session that does not ask for the
+sweep neither pays for nor depends on the compiled extension. With ``--pyggml-sweep`` the session's items are the sweep's cases
+(one item per case, every pair of its paths compared, as ``pyggml parity`` does)
+instead of the collected test files; pytest-xdist's ``-n`` spreads them over processes
+or hosts, and restarts a worker a crash inside ggml took down (the case becomes a
+failed item). ``--pyggml-sweep-json F`` writes the same JSON report as
+``pyggml parity --json F``, gathered from every worker.
+
+Options: ``--pyggml-sweep-op GLOB`` (repeatable), ``--pyggml-sweep-types F32,F16``,
+``--pyggml-sweep-quick``, ``--pyggml-sweep-seed N``, ``--pyggml-sweep-paths ggml,reference``.
+A case passes when none of its rows is in ``BAD``; one whose every row is refused (a
+known upstream defect) or skipped is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+_ROWS_KEY = "pyggml_parity_rows"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("pyggml", "pyggml parity sweep")
+    g.addoption("--pyggml-sweep", action="store_true", help="run the parity sweep's cases as the test items")
+    g.addoption("--pyggml-sweep-op", action="append", default=[], metavar="GLOB",
+                help="only the subjects whose op or name matches (repeatable)")
+    g.addoption("--pyggml-sweep-types", default="", metavar="T,T", help="only cases of these ggml types")
+    g.addoption("--pyggml-sweep-paths", default="", metavar="P,P", help="only these paths (at least two)")
+    g.addoption("--pyggml-sweep-quick", action="store_true", help="the quick sweep (pyggml parity --quick)")
+    g.addoption("--pyggml-sweep-seed", type=int, default=0, metavar="N", help="the sweep's seed")
+    g.addoption("--pyggml-sweep-json", default=None, metavar="PATH", help="write the rows as pyggml parity --json")
+
+
+def _paths(config: pytest.Config) -> list[str] | None:
+    s = config.getoption("--pyggml-sweep-paths")
+    return [p.strip() for p in s.split(",") if p.strip()] or None
+
+
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    # the sweep replaces the test files: do not import them
+    return True if config.getoption("--pyggml-sweep") else None
+
+
+class SweepItem(pytest.Item):
+    def __init__(self, *, case: Any, paths: list[str] | None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.case = case
+        self.paths = paths
+
+    def runtest(self) -> None:
+        from pyggml.parity.model import BAD
+        from pyggml.parity.runner import check_case
+
+        rows, _ = check_case(self.case, self.paths)
+        self.user_properties.append((_ROWS_KEY, [r.as_dict() for r in rows]))
+        bad = [r for r in rows if r.verdict in BAD]
+        if bad:
+            lines = [f"{r.a}~{r.b}: {r.verdict}: {r.detail[:300]}" for r in bad]
+            raise SweepFailure("\n".join(lines) + "\nreproducer:\n" + bad[0].repro)
+        if rows and all(r.verdict in ("refused", "skipped") for r in rows):
+            pytest.skip(f"{rows[0].verdict}: {rows[0].detail[:200]}")
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
+        if isinstance(excinfo.value, SweepFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.case.subject} [{self.case.label}]"
+
+
+class SweepFailure(Exception):
+    pass
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--pyggml-sweep"):
+        return
+    from pyggml.parity.runner import select
+
+    types = [t.strip() for t in config.getoption("--pyggml-sweep-types").split(",") if t.strip()]
+    cases = select(config.getoption("--pyggml-sweep-op"), types, config.getoption("--pyggml-sweep-quick"),
+                   config.getoption("--pyggml-sweep-seed"))
+    if not cases:
+        raise pytest.UsageError("--pyggml-sweep: no subject matches --pyggml-sweep-op/--pyggml-sweep-types")
+    paths = _paths(config)
+    items[:] = [SweepItem.from_parent(session, name=c.key, case=c, paths=paths) for c in cases]
+
+
+class _Collector:
+    """Gathers the rows of every item, from this process or from xdist's workers."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == _ROWS_KEY:
+                self.rows[report.nodeid] = value
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from pyggml.parity import store
+        from pyggml.parity.model import Row
+        from pyggml.parity.report import write_json
+
+        ordered = []
+        for nodeid in sorted(self.rows):
+            for d in self.rows[nodeid]:
+                # as_dict spelled inf / nan as strings for JSON
+                d = {k: (float(v) if k in ("nmse", "max_abs") and isinstance(v, str) else v) for k, v in d.items()}
+                ordered.append(Row(**d))
+        write_json(ordered, self.path, {"identity": store.build_identity(), "runner": "pytest"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--pyggml-sweep-json", None)
+    # only the controlling process writes (xdist's workers have workerinput)
+    if path and config.getoption("--pyggml-sweep") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Collector(path), "pyggml-sweep-json")
+
+
+def rows_of(path: str) -> list[dict[str, Any]]:
+    """The rows of a --pyggml-sweep-json file."""
+    with open(path) as f:
+        return list(json.load(f)["rows"])
