@@ -11,7 +11,8 @@ failed item). ``--pyggml-sweep-json F`` writes the same JSON report as
 ``pyggml parity --json F``, gathered from every worker.
 
 Options: ``--pyggml-sweep-op GLOB`` (repeatable), ``--pyggml-sweep-types F32,F16``,
-``--pyggml-sweep-quick``, ``--pyggml-sweep-seed N``, ``--pyggml-sweep-paths ggml,reference``.
+``--pyggml-sweep-quick``, ``--pyggml-sweep-seed N``, ``--pyggml-sweep-paths ggml,reference``,
+``--pyggml-sweep-threads N``.
 A case passes when none of its rows is in ``BAD``; one whose every row is refused (a
 known upstream defect) or skipped is reported as skipped.
 """
@@ -35,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--pyggml-sweep-paths", default="", metavar="P,P", help="only these paths (at least two)")
     g.addoption("--pyggml-sweep-quick", action="store_true", help="the quick sweep (pyggml parity --quick)")
     g.addoption("--pyggml-sweep-seed", type=int, default=0, metavar="N", help="the sweep's seed")
+    g.addoption("--pyggml-sweep-threads", type=int, default=1, metavar="N", help="ggml's threads per computation")
     g.addoption("--pyggml-sweep-json", default=None, metavar="PATH", help="write the rows as pyggml parity --json")
 
 
@@ -49,16 +51,17 @@ def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool |
 
 
 class SweepItem(pytest.Item):
-    def __init__(self, *, case: Any, paths: list[str] | None, **kw: Any) -> None:
+    def __init__(self, *, case: Any, paths: list[str] | None, n_threads: int, **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.paths = paths
+        self.n_threads = n_threads
 
     def runtest(self) -> None:
         from pyggml.parity.model import BAD
         from pyggml.parity.runner import check_case
 
-        rows, _ = check_case(self.case, self.paths)
+        rows, _ = check_case(self.case, self.paths, n_threads=self.n_threads)
         self.user_properties.append((_ROWS_KEY, [r.as_dict() for r in rows]))
         bad = [r for r in rows if r.verdict in BAD]
         if bad:
@@ -91,7 +94,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not cases:
         raise pytest.UsageError("--pyggml-sweep: no subject matches --pyggml-sweep-op/--pyggml-sweep-types")
     paths = _paths(config)
-    items[:] = [SweepItem.from_parent(session, name=c.key, case=c, paths=paths) for c in cases]
+    n_threads = config.getoption("--pyggml-sweep-threads")
+    if n_threads < 1:
+        raise pytest.UsageError("--pyggml-sweep-threads must be >= 1")
+    items[:] = [SweepItem.from_parent(session, name=c.key, case=c, paths=paths, n_threads=n_threads) for c in cases]
 
 
 class _Collector:

@@ -232,7 +232,8 @@ def run(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = False)
     return Result(out, ref, err, max_abs, made)
 
 
-def gradients(info: OpInfo, sample: Sample, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+def gradients(info: OpInfo, sample: Sample, seed: int = 0,
+              n_threads: int = 1) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """ggml's gradient of sum(result * c) (c random, from ``seed``), and central
     differences of the reference, for each F32 contiguous Arg marked ``param``:
     ({arg index: ggml's}, {arg index: numerical}), each in the Arg's shape."""
@@ -263,7 +264,7 @@ def gradients(info: OpInfo, sample: Sample, seed: int = 0) -> tuple[dict[int, np
         g = pyggml.Graph(ctx, 2048, grads=True)
         g.build_forward_expand(loss)
         g.build_backward_expand()
-        g.compute(1)
+        g.compute(n_threads)
         got = {}
         for i, t in tensors.items():
             gt = g.grad(t)

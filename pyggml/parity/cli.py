@@ -4,6 +4,7 @@ compare them; ``pyggml parity diff A B``: compare two saved sweeps."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,7 +22,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     d = sub.add_parser("diff", help="compare two sweeps saved with --save (case by case, and with the reference)")
     d.add_argument("a", help="a .npz written by pyggml parity --save")
     d.add_argument("b", help="another one")
-    d.add_argument("--tol", type=float, default=1e-7, help="NMSE beyond which A and B disagree (default 1e-7)")
+    d.add_argument("--tol", type=float, default=1e-7,
+                   help="NMSE beyond which A and B disagree on a case A saved no tolerance for (default 1e-7)")
+    d.add_argument("--json", metavar="F", help="write the differences and a summary per op as JSON")
     d.add_argument("--limit", type=int, default=40, help="rows of the table (default 40)")
     ap.add_argument("--op", action="append", default=[], metavar="NAME|GLOB",
                     help="subjects to check: an op name or glob (mul_mat, 'rope*'), 'grad:NAME', 'attention'; "
@@ -33,6 +36,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0, help="another set of seeded samples (default 0: the tests')")
     ap.add_argument("--workers", type=int, default=None,
                     help="worker processes that isolate crashes (default: 2; 0: in this process, unisolated)")
+    ap.add_argument("--threads", type=int, default=1, help="ggml's threads per computation (default 1)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case is a timeout row")
     ap.add_argument("--no-probe", action="store_true",
                     help="skip the guarded run that looks for reads and writes past each tensor")
@@ -88,6 +92,8 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     paths = _paths(ap, args.paths)
     if args.workers is not None and args.workers < 0:
         ap.error("--workers must be >= 0")
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
     if args.timeout <= 0:
         ap.error("--timeout must be > 0")
     types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
@@ -111,7 +117,7 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     workers = 2 if args.workers is None else args.workers
     t0 = time.perf_counter()
     rows, kept = runner.run_cases(cases, paths, workers, not args.no_probe, keep=bool(args.save),
-                                  timeout=args.timeout, progress=_Progress())
+                                  timeout=args.timeout, progress=_Progress(), n_threads=args.threads)
     elapsed = time.perf_counter() - t0
     if args.verbose:
         print(report.format_rows(rows))
@@ -123,12 +129,16 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     print(f"\n{s['subjects']} subjects, {s['cases']} cases, {s['comparisons']} comparisons: {counts}; "
           f"worst NMSE against the reference {s['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
     meta: dict[str, Any] = {"identity": store.build_identity(), "quick": args.quick, "seed": args.seed,
-                            "ops": args.op, "types": types, "paths": paths, "seconds": elapsed}
+                            "ops": args.op, "types": types, "paths": paths, "threads": args.threads,
+                            "seconds": elapsed}
     if args.json:
         report.write_json(rows, args.json, meta)
     if args.junit:
         report.write_junit(rows, args.junit, elapsed)
     if args.save:
+        # what two builds may differ by on each case: the tolerance between two ggml paths
+        meta["tolerances"] = {c.key: subjects[c.subject].tolerance(c, "ggml", "ggml-ref") for c in cases
+                              if c.key in kept}
         n = store.save(args.save, kept, meta)
         print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
     if args.html:
@@ -142,9 +152,12 @@ def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     for p in (args.a, args.b):
         if not os.path.exists(p):
             ap.error(f"diff: no such file {p}")
-    meta_a, meta_b, diffs = store.diff(args.a, args.b)
+    meta_a, meta_b, diffs = store.diff(args.a, args.b, tol=args.tol)
     if not diffs:
         ap.error("diff: the two files have no case and path in common")
-    text, beyond = store.format_diff(meta_a, meta_b, diffs, args.tol, args.limit)
+    text, beyond = store.format_diff(meta_a, meta_b, diffs, args.limit)
     print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(store.to_json(meta_a, meta_b, diffs), f, indent=1)
     return 1 if beyond else 0

@@ -85,7 +85,8 @@ class Subject:
     ``name``      unique, e.g. ``"op:soft_max_ext"``; ``op`` the op it is about;
     ``paths``     the paths it can be computed along (``reference`` is the oracle);
     ``cases(seed, quick)`` the seeded cases (cheap: descriptions, not inputs);
-    ``compute(case, path)`` an :class:`Outcome`;
+    ``compute(case, path, n_threads)`` an :class:`Outcome` (``n_threads``: for ggml's
+                  paths; others may ignore it);
     ``tolerance(case, a, b)`` the NMSE bound between paths a and b on a case;
     ``repro(case)`` Python source that rebuilds the case standalone.
     """
@@ -97,7 +98,7 @@ class Subject:
     def cases(self, seed: int, quick: bool) -> list[Case]:
         raise NotImplementedError
 
-    def compute(self, case: Case, path: str) -> Outcome:
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         raise NotImplementedError
 
     def tolerance(self, case: Case, a: str, b: str) -> float:
@@ -122,7 +123,7 @@ class FunctionSubject(Subject):
         n = min(self._n, 2) if quick else self._n
         return [Case(self.name, "", i, seed, f"case {i}") for i in range(n)]
 
-    def compute(self, case: Case, path: str) -> Outcome:
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         rng = np.random.default_rng([case.seed, case.index])
         out = self._paths[path](*self._inputs(rng))
         arrays = [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]

@@ -45,7 +45,7 @@ def select(ops: Iterable[str] = (), types: Iterable[str] = (), quick: bool = Fal
 
 
 def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = True,
-               keep: bool = False) -> tuple[list[Row], dict[str, list[np.ndarray]]]:
+               keep: bool = False, n_threads: int = 1) -> tuple[list[Row], dict[str, list[np.ndarray]]]:
     """Compute one case along its subject's paths (those of ``paths``, all if None) and
     compare every pair, the reference always as side b: the rows, and with ``keep``
     the arrays each path gave."""
@@ -54,7 +54,7 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
     outs: dict[str, Outcome] = {}
     for p in names:
         try:
-            outs[p] = s.compute(case, p)
+            outs[p] = s.compute(case, p, n_threads)
         except Exception as e:          # a path's own bug: a row, not the end of the sweep
             outs[p] = Outcome(verdict="error", detail=f"{type(e).__name__}: {e}")
     rows = []
@@ -106,7 +106,7 @@ def _crash_rows(case: Case, paths: Iterable[str] | None, verdict: str, detail: s
 
 # --- worker processes ------------------------------------------------------------------
 
-def _worker_main(conn, paths, probe, keep, stderr_path):
+def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)                       # ggml's messages before an abort land here
     os.close(fd)
@@ -119,16 +119,16 @@ def _worker_main(conn, paths, probe, keep, stderr_path):
             return
         for i, case in msg:
             conn.send(("start", i))
-            rows, arrays = check_case(case, paths, probe, keep)
+            rows, arrays = check_case(case, paths, probe, keep, n_threads)
             conn.send(("done", i, rows, arrays))
 
 
 class _Worker:
-    def __init__(self, ctx, paths, probe, keep):
+    def __init__(self, ctx, paths, probe, keep, n_threads):
         self.stderr = tempfile.NamedTemporaryFile(prefix="pyggml-parity-", suffix=".err", delete=False)
         self.stderr.close()
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, self.stderr.name),
+        self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr.name),
                                 daemon=True)
         self.proc.start()
         child.close()
@@ -176,10 +176,11 @@ def _death(proc) -> str:
 
 def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: int = 0, probe: bool = True,
               keep: bool = False, timeout: float = 300.0, batch: int = 16,
-              progress: Progress | None = None) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
+              progress: Progress | None = None, n_threads: int = 1) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
     """Check every case; rows in the order of ``cases``. ``workers`` processes (0: in
     this process); a case that takes more than ``timeout`` seconds is a ``timeout`` row.
-    With ``keep``, also {case key: {path: arrays}}."""
+    With ``keep``, also {case key: {path: arrays}}. ``n_threads``: ggml's threads per
+    computation."""
     paths = list(paths) if paths is not None else None
     results: dict[int, list[Row]] = {}
     kept: dict[str, dict[str, list[np.ndarray]]] = {}
@@ -196,14 +197,14 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
 
     if workers <= 0:
         for i, c in enumerate(cases):
-            rows, arrays = check_case(c, paths, probe, keep)
+            rows, arrays = check_case(c, paths, probe, keep, n_threads)
             finish(i, rows, arrays)
         return [r for i in range(len(cases)) for r in results[i]], kept
 
     ctx = mp.get_context("spawn")        # a clean interpreter: no inherited threads or OpenMP state
     todo = list(enumerate(cases))
     todo.reverse()
-    pool = [_Worker(ctx, paths, probe, keep) for _ in range(min(workers, max(1, len(cases))))]
+    pool = [_Worker(ctx, paths, probe, keep, n_threads) for _ in range(min(workers, max(1, len(cases))))]
     try:
         def feed(w: _Worker):
             chunk = [todo.pop() for _ in range(min(batch, len(todo)))]
@@ -251,7 +252,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                     else:
                         todo.append((i, c))
                 w.inflight = []
-                pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep)
+                pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads)
                 feed(nw)
     finally:
         for w in pool:

@@ -13,7 +13,7 @@ import numpy as np
 
 from pyggml.parity.model import compare_outputs
 
-__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "save"]
+__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "per_op", "save", "to_json"]
 
 _SEP = "||"
 
@@ -65,6 +65,15 @@ class Difference:
     bitwise: bool
     nmse_a: float | None      # each against the reference saved with it
     nmse_b: float | None
+    tol: float                # beyond this NMSE, A and B disagree
+
+    @property
+    def beyond(self) -> bool:
+        return not (self.nmse <= self.tol)
+
+    @property
+    def op(self) -> str:
+        return self.case.split("|")[0]
 
     @property
     def closer(self) -> str:
@@ -73,11 +82,14 @@ class Difference:
         return "A" if self.nmse_a < self.nmse_b else "B"
 
 
-def diff(a_path: str, b_path: str, paths: tuple[str, ...] = ("ggml", "ggml-ref", "autodiff")) -> tuple[
-        dict[str, Any], dict[str, Any], list[Difference]]:
-    """Compare two saved sweeps on the cases and paths both have."""
+def diff(a_path: str, b_path: str, paths: tuple[str, ...] = ("ggml", "ggml-ref", "autodiff"),
+         tol: float = 1e-7) -> tuple[dict[str, Any], dict[str, Any], list[Difference]]:
+    """Compare two saved sweeps on the cases and paths both have. A and B disagree on a
+    case beyond the tolerance saved with it (two ggml paths of its subject, from A's
+    file), or ``tol`` where none was saved."""
     meta_a, a = load(a_path)
     meta_b, b = load(b_path)
+    tols = meta_a.get("meta", {}).get("tolerances", {})
     out = []
     for key in sorted(set(a) & set(b)):
         for p in paths:
@@ -87,7 +99,7 @@ def diff(a_path: str, b_path: str, paths: tuple[str, ...] = ("ggml", "ggml-ref",
             bitwise = all(np.array_equal(x, y) for x, y in zip(a[key][p], b[key][p]))
             ra = compare_outputs(a[key][p], a[key]["reference"])[0] if "reference" in a[key] else None
             rb = compare_outputs(b[key][p], b[key]["reference"])[0] if "reference" in b[key] else None
-            out.append(Difference(key, p, err, max_abs, bitwise, ra, rb))
+            out.append(Difference(key, p, err, max_abs, bitwise, ra, rb, float(tols.get(key, tol))))
     return meta_a, meta_b, out
 
 
@@ -97,20 +109,43 @@ def _ident(doc: dict[str, Any]) -> str:
             f"{', native' if i.get('native') else ''}")
 
 
-def format_diff(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Difference], tol: float = 1e-7,
+def per_op(diffs: list[Difference]) -> dict[str, dict[str, int]]:
+    """Per op (subject): outputs compared, bitwise equal, differing, beyond tolerance, and
+    of those that differ, how many are closer to the reference in A and in B."""
+    out: dict[str, dict[str, int]] = {}
+    for d in diffs:
+        o = out.setdefault(d.op, {"outputs": 0, "bitwise": 0, "differ": 0, "beyond": 0, "closer_a": 0, "closer_b": 0})
+        o["outputs"] += 1
+        o["bitwise"] += d.bitwise
+        o["differ"] += not d.bitwise
+        o["beyond"] += d.beyond
+        o["closer_a"] += (not d.bitwise) and d.closer == "A"
+        o["closer_b"] += (not d.bitwise) and d.closer == "B"
+    return out
+
+
+def to_json(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Difference]) -> dict[str, Any]:
+    def num(x: float | None) -> float | str | None:
+        return x if x is None or math.isfinite(x) else str(x)
+    return {"a": meta_a["identity"], "b": meta_b["identity"], "per_op": per_op(diffs),
+            "diffs": [{**{k: num(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(d).items()},
+                       "closer": d.closer, "beyond": d.beyond} for d in diffs if not d.bitwise]}
+
+
+def format_diff(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Difference],
                 limit: int = 40) -> tuple[str, int]:
-    """A table of the cases where A and B differ (beyond ``tol`` first), and a count of
-    those beyond ``tol``."""
-    beyond = [d for d in diffs if not (d.nmse <= tol)]
+    """A table of the cases where A and B differ (beyond tolerance first), and a count of
+    those beyond tolerance."""
+    beyond = [d for d in diffs if d.beyond]
     differ = [d for d in diffs if not d.bitwise]
     lines = [f"A: {_ident(meta_a)}", f"B: {_ident(meta_b)}",
              f"{len(diffs)} outputs in both: {len(diffs) - len(differ)} bitwise equal, {len(differ)} differ, "
-             f"{len(beyond)} beyond NMSE {tol:.0e}"]
+             f"{len(beyond)} beyond tolerance"]
     closer = {"A": sum(d.closer == "A" for d in differ), "B": sum(d.closer == "B" for d in differ)}
     lines.append(f"of those that differ, closer to the float64 reference: A {closer['A']}, B {closer['B']}")
     if differ:
         lines.append(f"{'case':56s} {'path':9s} {'NMSE A~B':>10s} {'max abs':>10s} {'A~ref':>10s} {'B~ref':>10s} closer")
-        ranked = sorted(differ, key=lambda d: -(d.nmse if math.isfinite(d.nmse) else 1e300))
+        ranked = sorted(differ, key=lambda d: (not d.beyond, -(d.nmse if math.isfinite(d.nmse) else 1e300)))
         for d in ranked[:limit]:
             f = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
             lines.append(f"{d.case[:56]:56s} {d.path:9s} {f(d.nmse):>10s} {f(d.max_abs):>10s} {f(d.nmse_a):>10s} "

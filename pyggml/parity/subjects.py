@@ -71,7 +71,7 @@ class OpSubject(Subject):
     def sample(self, case: Case) -> Sample:
         return self._samples(case.type, case.seed)[case.index]
 
-    def compute(self, case: Case, path: str) -> Outcome:
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         s = self.sample(case)
         try:
             if path == "reference":
@@ -87,7 +87,7 @@ class OpSubject(Subject):
                 if Type[case.type] != Type.F32:
                     return Outcome(verdict="skipped", detail="the torch path takes F32 samples")
                 return Outcome([torch_ops.run(self.op, harness._ref_args(s))])
-            out, _ = harness.compute(self.info, s, use_ref=(path == "ggml-ref"),
+            out, _ = harness.compute(self.info, s, n_threads, use_ref=(path == "ggml-ref"),
                                      prove=self.probe and path == "ggml")
         except GGMLError as e:
             got = _outcome_of(e)
@@ -139,10 +139,10 @@ class GradSubject(Subject):
         return [Case(self.name, "F32", i, seed, f"F32 {s.name}") for i, (_, s) in enumerate(picked[:1] if quick else picked)]
 
     @functools.lru_cache(maxsize=2)
-    def _both(self, case: Case) -> tuple[list[np.ndarray], list[np.ndarray]] | Outcome:
+    def _both(self, case: Case, n_threads: int) -> tuple[list[np.ndarray], list[np.ndarray]] | Outcome:
         _, s = self._samples(case.seed)[case.index]
         try:
-            got, num = harness.gradients(self.info, s)
+            got, num = harness.gradients(self.info, s, n_threads=n_threads)
         except GGMLError as e:
             out = _outcome_of(e)
             if out.verdict == "refused" and s.grad_defect and out.defect != s.grad_defect:
@@ -154,8 +154,8 @@ class GradSubject(Subject):
         keys = sorted(num)
         return [got[k] for k in keys], [num[k] for k in keys]
 
-    def compute(self, case: Case, path: str) -> Outcome:
-        both = self._both(case)
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
+        both = self._both(case, n_threads)
         if isinstance(both, Outcome):
             return both
         return Outcome(both[0] if path == "autodiff" else both[1])
@@ -196,13 +196,16 @@ class AttentionSubject(Subject):
         chosen = self._sweep(quick)
         return [Case(self.name, "F32", full.index(c), seed, c.name) for c in chosen]
 
-    def compute(self, case: Case, path: str) -> Outcome:
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         c = self._sweep(False)[case.index]
         q, k, v, d = c.inputs(case.seed)
-        fn = {"ggml": self._a.path_kernel, "autodiff": self._a.path_autodiff,
-              "reference": self._a.path_reference, "torch": self._a.path_torch}[path]
         try:
-            return Outcome([np.asarray(g) for g in fn(q, k, v, d, c.masked)])
+            if path in ("ggml", "autodiff"):
+                fn = self._a.path_kernel if path == "ggml" else self._a.path_autodiff
+                grads = fn(q, k, v, d, c.masked, n_threads)
+            else:
+                grads = (self._a.path_reference if path == "reference" else self._a.path_torch)(q, k, v, d, c.masked)
+            return Outcome([np.asarray(g) for g in grads])
         except self._a.Refused as e:
             return Outcome(verdict="refused", detail=str(e), defect=str(e).split(":")[0])
         except GGMLError as e:
