@@ -111,7 +111,7 @@ class _Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == _ROWS_KEY:
-                self.rows[report.nodeid] = value
+                self.rows[report.nodeid] = list(value)  # type: ignore[call-overload]
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

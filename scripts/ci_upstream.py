@@ -13,15 +13,36 @@ Each ``--ggml SPEC`` gets its own virtual environment and build directory:
 ``prefix:PATH``
     an installed ggml (``PATH/lib*/cmake/ggml``), linked as a system library.
 
-For each: install pyggml with its test extra, read the ggml version the built
-module reports, run the test suite and ``python -m pyggml parity --quick``.
-Prints the matrix and, per spec, the ops and builders its ggml has that the first
-spec's does not (or lacks), and the measurements of the defect registry's probes;
-writes ``--json PATH`` (a list of ``{"spec", "ggml_version", "built", "tests_ok",
-"parity_ok", "ops", "builders", "defects", ...}``); exits non-zero if anything failed.
-With no ``--ggml``: vendored plus three prebuilt releases.
+A source spec (vendored, src:) may end in ``@ISA``: ggml's CPU kernels built for one
+instruction set through ggml's own options (GGML_NATIVE off, GGML_AVX* and friends):
+``@generic`` (x86-64 baseline), ``@sse42``, ``@avx``, ``@avx2`` (with FMA, F16C, BMI2),
+``@avx512``; kernels differ per ISA, and that is where CPU bugs hide.
 
-Run: ``python scripts/ci_upstream.py [--ggml SPEC ...] [--json matrix.json]``
+For each: install pyggml with its test extra, read the ggml version the built
+module reports, run the test suite and the parity sweep (``pyggml parity --save``;
+``--quick-parity`` for the quick one). Then:
+
+- the matrix (built, tests, parity, worst NMSE, the defect probes' measurements);
+- per spec, the ops and builders its ggml has that the first spec's does not (or lacks);
+- per op, where a spec's outputs disagree with the first spec's beyond the case's
+  tolerance (``pyggml parity diff``), and which of the two is closer to the float64
+  reference;
+- a timeline over the releases: for every measured registry defect, every overrun or
+  crash the sweeps saw, and every disagreement, the first release where it is seen and
+  the last before it where it is absent.
+
+Writes ``--json PATH`` (``{"specs": [{"spec", "ggml_version", "built", "tests_ok",
+"parity_ok", "ops", "builders", "defects", "parity", "diff", ...}], "timeline": [...]}``)
+and ``--html PATH`` (the report of the first spec's sweep with the op x build grid and
+the timeline); exits non-zero if a spec failed to build, test or sweep.
+With no ``--ggml``: vendored, its ISA variants, and every prebuilt release.
+
+``--bisect src:PATH --good REV --bad REV --op NAME`` instead runs ``git bisect`` over the
+upstream checkout PATH: at each revision, pyggml is built against the tree and the op's
+sweep compared with the good revision's (``--bisect-test CMD`` replaces that with a
+shell command of your own, run in the checkout, with git bisect's exit codes).
+
+Run: ``python scripts/ci_upstream.py [--ggml SPEC ...] [--json matrix.json] [--html matrix.html]``
 """
 
 from __future__ import annotations
@@ -38,8 +59,41 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SPECS = ["vendored", "pypi:libggml-python==0.9.4", "pypi:libggml-python==0.13.1",
-                 "pypi:libggml-python==0.17.0"]
+# every release of the registry package with a prebuilt wheel for this platform
+# (0.1.0 and 0.2.0 have none); 0.x.y.post1 repackage the same ggml
+RELEASES = ["0.3.5", "0.9.4", "0.9.5", "0.9.7", "0.9.8", "0.9.11", "0.13.1", "0.15.3", "0.16.0", "0.17.0"]
+DEFAULT_SPECS = (["vendored", "vendored@avx2", "vendored@avx", "vendored@generic"] +
+                 [f"pypi:libggml-python=={v}" for v in reversed(RELEASES)])
+
+# ggml's own CMake options per instruction set (ggml/CMakeLists.txt, x86)
+_X86 = ("GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX512")
+ISAS: dict[str, tuple[str, ...]] = {
+    "generic": (),
+    "sse42": ("GGML_SSE42",),
+    "avx": ("GGML_SSE42", "GGML_AVX"),
+    "avx2": ("GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"),
+    "avx512": _X86,
+}
+
+
+def split_isa(spec: str) -> tuple[str, str]:
+    """("vendored@avx2") -> ("vendored", "avx2"); no suffix -> (spec, "")."""
+    base, at, isa = spec.rpartition("@")
+    if not at or "==" in isa:
+        return spec, ""
+    if isa not in ISAS:
+        raise SystemExit(f"ci_upstream: {spec}: unknown ISA {isa!r} (known: {', '.join(ISAS)})")
+    if not (base == "vendored" or base.startswith("src:")):
+        raise SystemExit(f"ci_upstream: {spec}: only a source build (vendored, src:) can choose its ISA")
+    return base, isa
+
+
+def isa_defines(isa: str) -> dict[str, str]:
+    """The CMake definitions of a build for ``isa`` ({} for the default, native one)."""
+    if not isa:
+        return {}
+    on = set(ISAS[isa])
+    return {"PYGGML_NATIVE": "OFF", **{o: "ON" if o in on else "OFF" for o in _X86}}
 
 
 # what the built pyggml says about the linked ggml: its ops (op_coverage), the
@@ -56,6 +110,7 @@ def slug(spec: str) -> str:
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
+    spec, _ = split_isa(spec)
     kind, _, arg = spec.partition(":")
     if kind == "vendored" and not arg:
         return kind, ""
@@ -94,8 +149,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
+def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False) -> dict:
     kind, arg = parse_spec(spec)
+    _, isa = split_isa(spec)
     out = workdir / slug(spec)
     if out.exists():
         shutil.rmtree(out)
@@ -121,6 +177,8 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
         elif kind == "src":
             env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=arg)
         install = [py, "-m", "pip", "install", "-C", f"build-dir={out / 'build'}", f"{ROOT}[test]"]
+        for k, v in isa_defines(isa).items():
+            install[4:4] = ["-C", f"cmake.define.{k}={v}"]
         if step.run(install, env=env).returncode:
             return row
         info = step.run([py, "-c", "import json, pyggml; print(json.dumps(pyggml.build_info()))"],
@@ -130,17 +188,22 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
         build = json.loads(info.stdout.strip().splitlines()[-1])
         row["ggml_version"] = build["ggml_version"]
         row["ggml_source"] = build["ggml_source"]
+        row["isa"] = isa or "native"
         row["built"] = True
         tests = step.run([venv / "bin" / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
                          env=env, cwd=ROOT)
         row["tests_ok"] = tests.returncode == 0
         row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
-        pjson = out / "parity.json"
-        parity = step.run([py, "-m", "pyggml", "parity", "--quick", "--json", pjson], env=env, cwd=out)
+        pjson, npz = out / "parity.json", out / "parity.npz"
+        parity = step.run([py, "-m", "pyggml", "parity", *(["--quick"] if quick_parity else []), "--json", pjson,
+                           "--save", npz], env=env, cwd=out)
         row["parity_ok"] = parity.returncode == 0
         if pjson.exists():
             doc = json.loads(pjson.read_text())
-            row["worst_nmse"] = doc["worst_nmse"]
+            row["worst_nmse"] = _num(doc["summary"]["worst_nmse"])
+            row["cpu_features"] = doc["meta"]["identity"]["cpu_features"]
+            row["parity"] = parity_summary(doc["rows"])
+            row["parity_json"], row["parity_npz"], row["python"] = str(pjson), str(npz), str(py)
         ops = step.run([py, "-c", OPS_PROBE], env=env, cwd=out)
         if ops.returncode == 0:
             probe = json.loads(ops.stdout.strip().splitlines()[-1])
@@ -151,6 +214,31 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str]) -> dict:
         return row
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 1)
+
+
+def _num(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+_SEVERITY = ("ok", "skipped", "refused", "fail", "error", "timeout", "oob", "crashed")
+
+
+def parity_summary(rows: list[dict]) -> dict[str, Any]:
+    """What the matrix keeps of a spec's sweep: the counts by verdict, each op's worst
+    verdict, and the measured findings (overruns, crashes, timeouts) by op."""
+    counts: dict[str, int] = {}
+    ops: dict[str, str] = {}
+    found: dict[str, list[str]] = {}
+    for r in rows:
+        v = r["verdict"]
+        counts[v] = counts.get(v, 0) + 1
+        if _SEVERITY.index(v) > _SEVERITY.index(ops.get(r["op"], "ok")):
+            ops[r["op"]] = v
+        else:
+            ops.setdefault(r["op"], v)
+        if v in ("oob", "crashed", "timeout"):
+            found.setdefault(f"{v}:{r['op']}", []).append(f"{r['case']}: {r['detail'][:200]}")
+    return {"counts": counts, "ops": ops, "found": found}
 
 
 def table(rows: list[dict]) -> str:
@@ -193,15 +281,263 @@ def op_changes(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def diff_specs(rows: list[dict], workdir: Path) -> None:
+    """Each spec's saved sweep against the first spec's (``pyggml parity diff``, run in
+    the first spec's environment): row["diff"] = its summary per op."""
+    base = next((r for r in rows if r.get("parity_npz") and Path(r["parity_npz"]).exists()), None)
+    if base is None:
+        return
+    for r in rows:
+        if r is base or not (r.get("parity_npz") and Path(r["parity_npz"]).exists()):
+            continue
+        out = workdir / slug(r["spec"]) / f"diff-{slug(base['spec'])}.json"
+        proc = subprocess.run([base["python"], "-m", "pyggml", "parity", "diff", base["parity_npz"], r["parity_npz"],
+                               "--json", str(out)], capture_output=True, text=True, cwd=workdir)
+        if out.exists():
+            doc = json.loads(out.read_text())
+            r["diff"] = {"against": base["spec"], "per_op": doc["per_op"]}
+        else:
+            r["diff"] = {"against": base["spec"], "error": (proc.stderr or proc.stdout)[-500:]}
+
+
+def disagreements(rows: list[dict]) -> str:
+    """Per op, the specs whose outputs differ from the first spec's beyond tolerance:
+    how many outputs, and how many of those that differ are closer to the reference in
+    the first spec (A) or in that spec (B)."""
+    with_diff = [r for r in rows if r.get("diff", {}).get("per_op") is not None]
+    if not with_diff:
+        return "disagreements between builds: no two specs saved a sweep"
+    base = with_diff[0]["diff"]["against"]
+    lines = [f"outputs that disagree with {base} beyond tolerance (beyond/compared; closer to the reference: "
+             f"A = {base}, B = that spec):"]
+    ops = sorted({op for r in with_diff for op, o in r["diff"]["per_op"].items() if o["beyond"]})
+    for r in with_diff:
+        per = r["diff"]["per_op"]
+        n = sum(o["outputs"] for o in per.values())
+        same = sum(o["bitwise"] for o in per.values())
+        beyond = sum(o["beyond"] for o in per.values())
+        lines.append(f"  {r['spec']}: {n} outputs compared, {same} bitwise equal, {n - same} differ, {beyond} beyond")
+    for op in ops:
+        cells = []
+        for r in with_diff:
+            o = r["diff"]["per_op"].get(op)
+            if o and o["beyond"]:
+                cells.append(f"{r['spec']} {o['beyond']}/{o['outputs']} (A {o['closer_a']}, B {o['closer_b']})")
+        lines.append(f"  {op}: " + "; ".join(cells))
+    if not ops:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def _version_key(v: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v or "")[:3])
+
+
+def timeline(rows: list[dict]) -> list[dict]:
+    """Over the releases (one spec per ggml version, native ISA, ordered by version):
+    for every finding, the first release where it is seen and the last release before
+    that where it is absent (None: seen in the oldest release tested), and the first
+    release after it where it is absent again (None: still seen in the newest).
+
+    Findings: a registry defect a probe measured (``defect:ID``), an overrun, crash or
+    timeout the sweep saw (``oob:OP``...), and an op whose outputs disagree with the
+    first spec's beyond tolerance (``disagrees:OP``)."""
+    releases: dict[str, dict] = {}
+    for r in rows:
+        if r.get("built") and r.get("isa", "native") == "native" and r["ggml_version"] not in releases:
+            releases[r["ggml_version"]] = r
+    order = sorted(releases, key=_version_key)
+    seen: dict[str, dict[str, str]] = {}        # finding -> {version: what}
+    kinds: dict[str, str] = {}
+    for v in order:
+        r = releases[v]
+        for d, val in (r.get("defects") or {}).items():
+            kinds[f"defect:{d}"] = "defect"
+            if val:
+                seen.setdefault(f"defect:{d}", {})[v] = str(val)
+        for f, what in (r.get("parity") or {}).get("found", {}).items():
+            kinds[f] = f.split(":")[0]
+            seen.setdefault(f, {})[v] = what[0]
+        for op, o in (r.get("diff") or {}).get("per_op", {}).items():
+            if o["beyond"]:
+                kinds[f"disagrees:{op}"] = "disagreement"
+                seen.setdefault(f"disagrees:{op}", {})[v] = f"{o['beyond']}/{o['outputs']} outputs"
+    out = []
+    for f in sorted(kinds):
+        where = seen.get(f, {})
+        first = next((v for v in order if v in where), None)
+        if first is None:
+            out.append({"id": f, "kind": kinds[f], "first_seen": None, "last_absent": order[-1] if order else None,
+                        "absent_again": None, "detail": "not seen in any release"})
+            continue
+        k = order.index(first)
+        before = [v for v in order[:k] if v not in where]
+        after = next((v for v in order[k + 1:] if v not in where), None)
+        out.append({"id": f, "kind": kinds[f], "first_seen": first, "last_absent": before[-1] if before else None,
+                    "absent_again": after, "detail": where[first]})
+    return out
+
+
+def format_timeline(items: list[dict], releases: list[str]) -> str:
+    lines = [f"timeline over {len(releases)} releases ({', '.join(releases)}): "
+             "first seen / last absent before it / absent again from"]
+    for t in items:
+        if t["first_seen"] is None:
+            continue
+        lines.append(f"  {t['id']}: first seen {t['first_seen']}, last absent {t['last_absent'] or '-'}, "
+                     f"absent again {t['absent_again'] or '-'}: {t['detail'][:120]}")
+    quiet = [t["id"] for t in items if t["first_seen"] is None]
+    if quiet:
+        lines.append(f"  not seen in any release: {', '.join(quiet)}")
+    if len(lines) == 1:
+        lines.append("  nothing")
+    return "\n".join(lines)
+
+
+HTML_SCRIPT = """
+import json, sys
+from pyggml.parity import html
+from pyggml.parity.model import Row
+doc = json.load(open(sys.argv[1]))
+matrix = json.load(open(sys.argv[2]))
+rows = [Row(**{k: (float(v) if k in ("nmse", "max_abs") and isinstance(v, str) else v) for k, v in r.items()})
+        for r in doc["rows"]]
+html.write_html(rows, sys.argv[3], doc["meta"], matrix)
+"""
+
+
+def write_html(rows: list[dict], items: list[dict], path: Path, workdir: Path) -> bool:
+    """The first spec's sweep report, with the op x build grid and the timeline (in the
+    first spec's environment, which has pyggml)."""
+    base = next((r for r in rows if r.get("parity_json")), None)
+    if base is None:
+        return False
+    ops = sorted({op for r in rows for op in (r.get("parity") or {}).get("ops", {})})
+    cells = {op: {r["spec"]: r["parity"]["ops"][op] for r in rows if op in (r.get("parity") or {}).get("ops", {})}
+             for op in ops}
+    for r in rows:
+        for op, o in (r.get("diff") or {}).get("per_op", {}).items():
+            if o["beyond"] and cells.get(op, {}).get(r["spec"]) == "ok":
+                cells[op][r["spec"]] = "fail"      # its own sweep passed, but it disagrees with the first spec
+    matrix = {"builds": [r["spec"] for r in rows], "cells": cells, "timeline": items}
+    mpath = workdir / "matrix-html.json"
+    mpath.write_text(json.dumps(matrix))
+    proc = subprocess.run([base["python"], "-c", HTML_SCRIPT, base["parity_json"], str(mpath), str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        print(f"ci_upstream: --html failed: {proc.stderr[-1000:]}")
+    return proc.returncode == 0
+
+
+# --- bisect --------------------------------------------------------------------------
+
+def _git(src: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", src, *args], capture_output=True, text=True, check=check)
+
+
+def bisect(src: str, good: str, bad: str, op: str, test_cmd: str | None, workdir: Path,
+           bitwise: bool = False) -> tuple[str | None, str]:
+    """Run ``git bisect`` over the checkout ``src`` between ``good`` and ``bad``: the first
+    commit at which the op's result changed (or ``test_cmd`` failed). Returns (commit or
+    None, git bisect's log)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    start_rev = _git(src, "rev-parse", "HEAD").stdout.strip()
+    if test_cmd:
+        cmd = ["sh", "-c", test_cmd]
+    else:
+        baseline = workdir / "good.npz"
+        _git(src, "checkout", "-q", good)
+        if _bisect_sweep(src, op, baseline, workdir) != 0:
+            raise SystemExit(f"ci_upstream: --bisect: the good revision {good} does not build or sweep "
+                             f"(see {workdir / 'log.txt'})")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--bisect-step", "--bisect-src", src, "--op", op,
+               "--bisect-baseline", str(baseline), "--workdir", str(workdir)] + (["--bitwise"] if bitwise else [])
+    try:
+        _git(src, "bisect", "start", bad, good)
+        proc = subprocess.run(["git", "-C", src, "bisect", "run", *cmd], capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        m = re.search(r"^([0-9a-f]{40}) is the first bad commit", log, re.M)
+        return (m.group(1) if m else None), log
+    finally:
+        _git(src, "bisect", "reset", check=False)
+        _git(src, "checkout", "-q", start_rev, check=False)
+
+
+def _bisect_sweep(src: str, op: str, save: Path, workdir: Path) -> int:
+    """Build pyggml against ``src`` as it is checked out (one environment and build
+    directory for the whole bisection) and save the op's sweep; 125 if it does not build
+    (git bisect skips the commit)."""
+    venv = workdir / "venv"
+    py = venv / "bin" / "python"
+    step = Step(workdir / "log.txt") if not (workdir / "log.txt").exists() else Step.__new__(Step)
+    step.log = workdir / "log.txt"
+    if not py.exists() and step.run([sys.executable, "-m", "venv", venv]).returncode:
+        return 125
+    env = {**clean_env(), "PYGGML_GGML": "vendored", "PYGGML_GGML_SOURCE_DIR": src}
+    if step.run([py, "-m", "pip", "install", "-C", f"build-dir={workdir / 'build'}", str(ROOT)], env=env).returncode:
+        return 125
+    run = step.run([py, "-m", "pyggml", "parity", "--op", op, "--save", save, "--workers", "1"], env=env,
+                   cwd=workdir)
+    return 0 if save.exists() else (125 if run.returncode else 1)
+
+
+def bisect_step(src: str, op: str, baseline: Path, workdir: Path, bitwise: bool) -> int:
+    """One revision of a bisection: 0 (good) when the op's outputs match the baseline's,
+    1 (bad) when they do not, 125 (skip) when this revision does not build."""
+    here = workdir / "step.npz"
+    here.unlink(missing_ok=True)
+    rc = _bisect_sweep(src, op, here, workdir)
+    if rc:
+        return rc
+    out = workdir / "step-diff.json"
+    subprocess.run([workdir / "venv" / "bin" / "python", "-m", "pyggml", "parity", "diff", str(baseline), str(here),
+                    "--json", str(out)], capture_output=True)
+    if not out.exists():
+        return 125
+    per_op = json.loads(out.read_text())["per_op"]
+    changed = sum(o["differ" if bitwise else "beyond"] for o in per_op.values())
+    return 1 if changed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ggml", action="append", metavar="SPEC",
-                    help="vendored | pypi:libggml-python==X | src:PATH | prefix:PATH (repeatable)")
+                    help="vendored[@ISA] | pypi:libggml-python==X | src:PATH[@ISA] | prefix:PATH (repeatable)")
     ap.add_argument("--json", metavar="PATH", help="write the matrix as JSON")
+    ap.add_argument("--html", metavar="PATH", help="write the matrix as a self-contained HTML report")
     ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "ci-upstream",
                     help="where the environments, builds and logs go")
     ap.add_argument("--pytest-args", default="", help="extra arguments for pytest (one string)")
+    ap.add_argument("--quick-parity", action="store_true", help="each spec runs pyggml parity --quick, not the full sweep")
+    ap.add_argument("--bisect", metavar="src:PATH", help="bisect an upstream git checkout (with --good, --bad, --op)")
+    ap.add_argument("--good", metavar="REV", help="--bisect: a revision where the op's result is as wanted")
+    ap.add_argument("--bad", metavar="REV", help="--bisect: a later revision where it changed")
+    ap.add_argument("--op", metavar="NAME|GLOB", help="--bisect: the subject whose result to follow")
+    ap.add_argument("--bitwise", action="store_true", help="--bisect: any change of bits counts, not only beyond "
+                                                           "tolerance")
+    ap.add_argument("--bisect-test", metavar="CMD", help="--bisect: a shell command run in the checkout at each "
+                                                         "revision instead (exit 0 good, 1-124 bad, 125 skip)")
+    ap.add_argument("--bisect-step", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bisect-src", help=argparse.SUPPRESS)
+    ap.add_argument("--bisect-baseline", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.bisect_step:
+        return bisect_step(args.bisect_src, args.op, args.bisect_baseline, args.workdir, args.bitwise)
+    if args.bisect:
+        kind, src = parse_spec(args.bisect)
+        if kind != "src" or not (args.good and args.bad and (args.op or args.bisect_test)):
+            ap.error("--bisect src:PATH needs --good REV, --bad REV and --op NAME (or --bisect-test CMD)")
+        if _git(src, "rev-parse", "--git-dir", check=False).returncode:
+            ap.error(f"--bisect: {src} is not a git checkout")
+        commit, log = bisect(src, args.good, args.bad, args.op or "", args.bisect_test, args.workdir / "bisect",
+                             args.bitwise)
+        print(log.strip())
+        if commit is None:
+            print("\nci_upstream: --bisect found no first bad commit")
+            return 1
+        subject = _git(src, "log", "-1", "--format=%h %ad %s", "--date=short", commit).stdout.strip()
+        print(f"\nci_upstream: the first commit where {args.op or 'the test'} changed: {commit}\n  {subject}")
+        return 0
     specs = args.ggml or DEFAULT_SPECS
     for spec in specs:
         parse_spec(spec)
@@ -209,17 +545,27 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
-        row = run_spec(spec, args.workdir, args.pytest_args.split())
+        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity)
         ok = row["built"] and row["tests_ok"] and row["parity_ok"]
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "
               f"in {row['seconds']} s (log: {row['log']})", flush=True)
         rows.append(row)
+    diff_specs(rows, args.workdir)
+    items = timeline(rows)
+    releases = sorted({r["ggml_version"] for r in rows if r.get("built") and r.get("isa") == "native"},
+                      key=_version_key)
     print()
     print(table(rows))
     print()
     print(op_changes(rows))
+    print()
+    print(disagreements(rows))
+    print()
+    print(format_timeline(items, releases))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"specs": rows, "timeline": items}, indent=1))
+    if args.html and write_html(rows, items, Path(args.html), args.workdir):
+        print(f"\nci_upstream: wrote {args.html}")
     failed = [r["spec"] for r in rows if not (r["built"] and r["tests_ok"] and r["parity_ok"])]
     if failed:
         print(f"\nci_upstream: FAILED: {', '.join(failed)}")

@@ -3,6 +3,7 @@ its worst verdict, everything escaped, nothing fetched; and, where a headless Ch
 and a driver for it are installed, that the page loads without a script error."""
 
 import math
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -153,13 +154,15 @@ def test_write_html(tmp_path):
 
 
 def _chromium():
+    # .ci/run installs the browser and sets PYGGML_REQUIRE_BROWSER: there, a missing one fails
+    skip = pytest.fail if os.environ.get("PYGGML_REQUIRE_BROWSER") else pytest.skip
     exe = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
     if exe is None:
-        pytest.skip("no Chromium binary (chromium, chromium-browser or google-chrome) on PATH")
+        skip("no Chromium binary (chromium, chromium-browser or google-chrome) on PATH")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed (pip install playwright; the system Chromium is used)")
+        skip("playwright is not installed (pip install playwright; the system Chromium is used)")
     return exe, sync_playwright
 
 

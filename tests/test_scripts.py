@@ -264,3 +264,79 @@ def test_importing_from_the_source_tree_says_what_to_do():
                           cwd=ROOT, timeout=60)
     assert proc.returncode != 0
     assert "imported from its source tree" in proc.stderr
+
+
+def test_isa_variants_are_ggml_options():
+    assert ci.split_isa("vendored@avx2") == ("vendored", "avx2")
+    assert ci.split_isa("pypi:libggml-python==0.9.4") == ("pypi:libggml-python==0.9.4", "")
+    assert ci.parse_spec("vendored@generic") == ("vendored", "")
+    for bad in ("vendored@mmx", "pypi:libggml-python==0.9.4@avx2"):
+        with pytest.raises(SystemExit):
+            ci.parse_spec(bad)
+    d = ci.isa_defines("avx2")
+    assert d["PYGGML_NATIVE"] == "OFF" and d["GGML_AVX2"] == d["GGML_FMA"] == "ON" and d["GGML_AVX512"] == "OFF"
+    assert set(ci.isa_defines("generic").values()) == {"OFF"} and ci.isa_defines("") == {}
+    assert any("@" in s for s in ci.DEFAULT_SPECS) and sum(s.startswith("pypi:") for s in ci.DEFAULT_SPECS) >= 8
+
+
+def _spec(version, isa="native", defects=None, found=None, per_op=None):
+    return dict(spec=f"v{version}{'' if isa == 'native' else '@' + isa}", ggml_version=version, built=True, isa=isa,
+                defects=defects or {}, parity={"counts": {}, "ops": {}, "found": found or {}},
+                diff={"against": "v0.20.2", "per_op": per_op or {}})
+
+
+def test_timeline_first_seen_and_last_absent():
+    op = lambda beyond: {"outputs": 4, "bitwise": 4 - beyond, "differ": beyond, "beyond": beyond,  # noqa: E731
+                         "closer_a": beyond, "closer_b": 0}
+    rows = [_spec("0.20.2", defects={"fab-batch-gqa": 64}),
+            _spec("0.9.4", defects={"fab-batch-gqa": 0}, per_op={"op:rope": op(2)}),
+            _spec("0.13.1", defects={"fab-batch-gqa": 64}, found={"oob:conv_2d": ["case: past"]},
+                  per_op={"op:rope": op(1)}),
+            _spec("0.17.0", defects={"fab-batch-gqa": 64}, per_op={"op:rope": op(0)}),
+            _spec("0.20.2", isa="avx", defects={"fab-batch-gqa": 0})]          # an ISA variant: not a release
+    items = {t["id"]: t for t in ci.timeline(rows)}
+    fab = items["defect:fab-batch-gqa"]
+    assert (fab["first_seen"], fab["last_absent"], fab["absent_again"]) == ("0.13.1", "0.9.4", None)
+    rope = items["disagrees:op:rope"]
+    assert (rope["first_seen"], rope["last_absent"], rope["absent_again"]) == ("0.9.4", None, "0.17.0")
+    oob = items["oob:conv_2d"]
+    assert (oob["first_seen"], oob["last_absent"], oob["absent_again"]) == ("0.13.1", "0.9.4", "0.17.0")
+    text = ci.format_timeline(list(items.values()), ["0.9.4", "0.13.1", "0.17.0", "0.20.2"])
+    assert "defect:fab-batch-gqa: first seen 0.13.1, last absent 0.9.4" in text
+    dis = ci.disagreements(rows)
+    assert "op:rope: v0.9.4 2/4 (A 2, B 0); v0.13.1 1/4" in dis
+
+
+def test_parity_summary_keeps_the_worst_verdict_and_the_findings():
+    rows = [dict(op="a", verdict="ok", case="c", detail=""), dict(op="a", verdict="refused", case="c", detail=""),
+            dict(op="b", verdict="oob", case="c2", detail="wrote 4 bytes past"), dict(op="b", verdict="ok", case="c",
+                                                                                      detail="")]
+    s = ci.parity_summary(rows)
+    assert s["ops"] == {"a": "refused", "b": "oob"} and s["counts"] == {"ok": 2, "refused": 1, "oob": 1}
+    assert s["found"] == {"oob:b": ["c2: wrote 4 bytes past"]}
+
+
+def test_bisect_finds_the_first_commit_that_changed(tmp_path):
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True,  # noqa: E731
+                                    text=True).stdout.strip()
+    git("init", "-q")
+    git("config", "user.email", "ci@example.invalid")
+    git("config", "user.name", "ci")
+    shas = []
+    for i, value in enumerate([1, 1, 1, 2, 2, 2, 2]):       # commit 3 changes the result
+        (repo / "result.txt").write_text(f"{value}\n")
+        (repo / "n.txt").write_text(f"{i}\n")
+        git("add", ".")
+        git("commit", "-q", "-m", f"commit {i}")
+        shas.append(git("rev-parse", "HEAD"))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_upstream.py"), "--bisect", f"src:{repo}",
+                           "--good", shas[0], "--bad", shas[-1], "--bisect-test", 'test "$(cat result.txt)" = 1',
+                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"changed: {shas[3]}" in proc.stdout and "commit 3" in proc.stdout
+    assert git("rev-parse", "HEAD") == shas[-1]              # the checkout is left where it was
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_upstream.py"), "--bisect", f"src:{repo}",
+                          "--good", shas[0]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "needs --good REV, --bad REV" in bad.stderr

@@ -123,11 +123,11 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         print(report.format_rows(rows))
         print()
     print(report.format_summary(rows, every=args.verbose))
-    s = runner.summarize(rows)
-    counts = ", ".join(f"{k} {s[k]}" for k in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error",
-                                                "skipped") if s[k])
-    print(f"\n{s['subjects']} subjects, {s['cases']} cases, {s['comparisons']} comparisons: {counts}; "
-          f"worst NMSE against the reference {s['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
+    summ = runner.summarize(rows)
+    counts = ", ".join(f"{k} {summ[k]}" for k in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error",
+                                                   "skipped") if summ[k])
+    print(f"\n{summ['subjects']} subjects, {summ['cases']} cases, {summ['comparisons']} comparisons: {counts}; "
+          f"worst NMSE against the reference {summ['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
     meta: dict[str, Any] = {"identity": store.build_identity(), "quick": args.quick, "seed": args.seed,
                             "ops": args.op, "types": types, "paths": paths, "threads": args.threads,
                             "seconds": elapsed}

@@ -208,10 +208,12 @@ def _matrix(matrix: dict[str, Any]) -> str:
         body.append((op, tds, all(v == "ok" for v in cells[op].values())))
     tl = "".join(f'<tr><td>{_e(t.get("id", ""))}</td><td>{_e(t.get("kind", ""))}</td>'
                  f'<td>{_e(t.get("first_seen") or "-")}</td><td>{_e(t.get("last_absent") or "-")}</td>'
+                 f'<td>{_e(t.get("absent_again") or "-")}</td>'
                  f'<td>{_e(t.get("detail", ""))}</td></tr>' for t in matrix.get("timeline", []))
     return (f'<h2>Ops across ggml builds</h2>{_table("matrix", "op", builds, body, "ops")}'
             '<h2>Defect timeline</h2><table id="timeline"><thead><tr><th>id</th><th>kind</th><th>first seen</th>'
-            f'<th>last absent</th><th>detail</th></tr></thead><tbody>{tl}</tbody></table>')
+            f'<th>last absent before</th><th>absent again from</th><th>detail</th></tr></thead><tbody>{tl}</tbody>'
+            '</table>')
 
 
 def render(rows: list[Row], meta: dict[str, Any], matrix: dict[str, Any] | None = None) -> str:

@@ -66,7 +66,7 @@ def format_summary(rows: list[Row], failures: int = 20, every: bool = False) -> 
 
 
 def write_json(rows: list[Row], path: str, meta: dict[str, Any] | None = None) -> None:
-    doc = {"rows": [r.as_dict() for r in rows], "summary": summarize(rows), "meta": meta or {}}
+    doc: dict[str, Any] = {"rows": [r.as_dict() for r in rows], "summary": summarize(rows), "meta": meta or {}}
     s = doc["summary"]
     if not math.isfinite(s["worst_nmse"]):
         s["worst_nmse"] = str(s["worst_nmse"])

@@ -40,7 +40,8 @@ def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str
             for i, a in enumerate(arrs):
                 arrays[_SEP.join((key, p, str(i)))] = np.asarray(a)
     doc = {"identity": build_identity(), "meta": meta or {}}
-    np.savez_compressed(path, __meta__=np.frombuffer(json.dumps(doc).encode(), np.uint8), **arrays)
+    arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
     return len(arrays)
 
 
