@@ -422,8 +422,8 @@ def write_html(rows: list[dict], items: list[dict], path: Path, workdir: Path) -
     matrix = {"builds": [r["spec"] for r in rows], "cells": cells, "timeline": items}
     mpath = workdir / "matrix-html.json"
     mpath.write_text(json.dumps(matrix))
-    proc = subprocess.run([base["python"], "-c", HTML_SCRIPT, base["parity_json"], str(mpath), str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([base["python"], "-c", HTML_SCRIPT, base["parity_json"], str(mpath), str(path.resolve())],
+                          capture_output=True, text=True, cwd=workdir)      # not the source tree: it shadows pyggml
     if proc.returncode:
         print(f"ci_upstream: --html failed: {proc.stderr[-1000:]}")
     return proc.returncode == 0

@@ -206,3 +206,13 @@ def test_a_planted_overrun_is_an_oob_row_with_its_tensor():
         rows, _ = runner.run_cases(cases, paths=["ggml", "reference"])
     assert [r.verdict for r in rows] == ["oob"]
     assert "past" in rows[0].detail and rows[0].repro
+
+
+def test_the_torch_path_agrees_with_the_reference():
+    pytest.importorskip("torch")
+    rows = parity.check(["sqr", "mul_mat", "soft_max", "rms_norm"], paths=["ggml", "reference", "torch"],
+                        types=["F32"], quick=True)
+    torch_rows = [r for r in rows if "torch" in (r.a, r.b)]
+    assert {(r.a, r.b) for r in torch_rows} == {("torch", "reference"), ("ggml", "torch")}
+    assert torch_rows and all(r.verdict == "ok" for r in torch_rows), [r for r in torch_rows if r.verdict != "ok"]
+    assert max(r.nmse for r in torch_rows if r.b == "reference") > 0      # float32 against float64: not identical
