@@ -216,3 +216,29 @@ def test_the_torch_path_agrees_with_the_reference():
     assert {(r.a, r.b) for r in torch_rows} == {("torch", "reference"), ("ggml", "torch")}
     assert torch_rows and all(r.verdict == "ok" for r in torch_rows), [r for r in torch_rows if r.verdict != "ok"]
     assert max(r.nmse for r in torch_rows if r.b == "reference") > 0      # float32 against float64: not identical
+
+
+def test_a_registered_path_is_compared_with_every_other():
+    from pyggml.opinfo import harness
+    from pyggml.parity import subjects
+
+    def two_threads(info, sample, n_threads):
+        return harness.compute(info, sample, 2)[0]
+
+    def off_by_a_bit(info, sample, n_threads):
+        return harness.compute(info, sample, 1)[0] * (1 + 1e-2)
+
+    parity.register_path("two-threads", two_threads, ops=["mul_mat"])
+    parity.register_path("off-by-a-bit", off_by_a_bit, ops=["soft_max"])
+    try:
+        rows = parity.check(["mul_mat", "soft_max"], types=["F32"], quick=True)
+        mine = [r for r in rows if r.a == "two-threads" or r.b == "two-threads"]
+        assert mine and {r.subject for r in mine} == {"op:mul_mat"} and all(r.verdict == "ok" for r in mine)
+        off = [r for r in rows if "off-by-a-bit" in (r.a, r.b)]
+        assert off and all(r.verdict == "fail" and r.repro for r in off)
+        bad = cli("parity", "--paths", "ggml,nonesuch")
+        assert bad.returncode == 2 and "unknown nonesuch" in bad.stderr
+        with pytest.raises(ValueError):
+            parity.register_path("ggml", two_threads)
+    finally:
+        subjects._USER_PATHS.clear()

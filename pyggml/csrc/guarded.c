@@ -51,6 +51,18 @@ static void say(const char * s) {
     }
 }
 
+/* n in decimal, async-signal-safe */
+static void say_size(size_t n) {
+    char buf[24];
+    int i = (int) sizeof buf - 1;
+    buf[i] = '\0';
+    do {
+        buf[--i] = (char) ('0' + n % 10);
+        n /= 10;
+    } while (n > 0 && i > 0);
+    say(buf + i);
+}
+
 static void on_guard_fault(int sig, siginfo_t * info, void * context) {
     char * addr = info->si_addr;
     const char * access = "accessed";
@@ -67,7 +79,9 @@ static void on_guard_fault(int sig, siginfo_t * info, void * context) {
             say(access);
             say(" memory before the start of ");
             say(r->what);
-            say("\n");
+            say(" (the first faulting access: ");
+            say_size((size_t) (r->data - addr));
+            say(" bytes before it)\n");
             _exit(PYGGML_EXIT_GUARD);
         }
         if (addr >= r->map + r->map_len - page && addr < r->map + r->map_len) {
@@ -75,7 +89,9 @@ static void on_guard_fault(int sig, siginfo_t * info, void * context) {
             say(access);
             say(" memory past the end of ");
             say(r->what);
-            say("\n");
+            say(" (the first faulting access: byte ");
+            say_size((size_t) (addr - (r->data + r->nbytes)));
+            say(" past it)\n");
             _exit(PYGGML_EXIT_GUARD);
         }
     }

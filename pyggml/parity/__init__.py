@@ -30,6 +30,13 @@ From Python, with a subject of your own::
     rows = parity.check("my_softplus")
     assert all(r.verdict == "ok" for r in rows)
 
+A path of your own for the registry's ops (``register_path``): a function of the op's
+OpInfo, a sample and a thread count, compared with every other path on every case::
+
+    from pyggml.opinfo import harness
+    parity.register_path("ggml-2threads", lambda info, sample, n: harness.compute(info, sample, 2)[0],
+                         ops=["mul_mat*"])
+
 From the command line: ``pyggml parity --help``.
 """
 
@@ -39,10 +46,10 @@ from typing import Iterable
 
 from pyggml.parity.model import BAD, VERDICTS, Case, FunctionSubject, Outcome, Row, Subject
 from pyggml.parity.runner import check_case, run_cases, select, summarize
-from pyggml.parity.subjects import all_subjects, register_subject
+from pyggml.parity.subjects import all_subjects, register_path, register_subject
 
 __all__ = ["BAD", "VERDICTS", "Case", "FunctionSubject", "Outcome", "Row", "Subject", "all_subjects", "check",
-           "check_case", "register_subject", "run_cases", "select", "summarize"]
+           "check_case", "register_path", "register_subject", "run_cases", "select", "summarize"]
 
 
 def check(ops: str | Iterable[str] = (), paths: Iterable[str] | None = None, quick: bool = False, seed: int = 0,

@@ -14,7 +14,7 @@ from pyggml.parity.model import BAD, Case
 
 __all__ = ["add_arguments", "main"]
 
-KNOWN_PATHS = ("ggml", "ggml-ref", "reference", "autodiff", "torch")
+KNOWN_PATHS = ("ggml", "ggml-ref", "reference", "autodiff", "torch")     # and the registered ones
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -52,9 +52,10 @@ def _paths(ap: argparse.ArgumentParser, text: str) -> list[str] | None:
     if not text:
         return None
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in KNOWN_PATHS]
+    from pyggml.parity.subjects import path_names
+    unknown = [p for p in names if p not in path_names()]
     if unknown:
-        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(KNOWN_PATHS)})")
+        ap.error(f"--paths: unknown {', '.join(unknown)} (known: {', '.join(path_names())})")
     if len(set(names)) != len(names):
         ap.error("--paths: a path compared with itself compares nothing")
     if len(names) < 2:

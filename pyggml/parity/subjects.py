@@ -4,10 +4,11 @@ gradients of every op ggml can differentiate (``grad:NAME``), the attention grad
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import math
 import zlib
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -19,7 +20,8 @@ from pyggml.opinfo import harness
 from pyggml.parity import torch_ops
 from pyggml.parity.model import Case, Outcome, Subject
 
-__all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "register_subject", "subject"]
+__all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "path_names", "register_path",
+           "register_subject", "subject"]
 
 GRAD_SAMPLES = 3          # gradient checks per op: the first few F32 contiguous samples, as the tests
 
@@ -50,10 +52,13 @@ class OpSubject(Subject):
         self.name = f"op:{info.op}"
         self.op = info.op
         self.probe = probe
-        paths = ["ggml", "ggml-ref", "reference"]
-        if torch_ops.has(info.op):
-            paths.append("torch")
-        self.paths = tuple(paths)
+        self._builtin_paths = ("ggml", "ggml-ref", "reference") + (("torch",) if torch_ops.has(info.op) else ())
+
+    @property
+    def paths(self) -> tuple[str, ...]:  # type: ignore[override]
+        # the registered op paths count from the moment they are registered
+        return self._builtin_paths + tuple(n for n, (_, ops) in _USER_PATHS.items()
+                                           if ops is None or any(fnmatch.fnmatchcase(self.op, p) for p in ops))
 
     @functools.lru_cache(maxsize=8)
     def _samples(self, type_name: str, seed: int) -> list[Sample]:
@@ -74,6 +79,10 @@ class OpSubject(Subject):
     def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         s = self.sample(case)
         try:
+            if path in _USER_PATHS:
+                from pyggml.opinfo.train import reset
+                reset(s)
+                return Outcome([np.asarray(_USER_PATHS[path][0](self.info, s, n_threads))])
             if path == "reference":
                 try:
                     return Outcome([np.asarray(harness.reference(self.info, s), np.float64)])
@@ -227,6 +236,24 @@ class AttentionSubject(Subject):
 
 
 _USER: dict[str, Subject] = {}
+_USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
+BUILTIN_PATHS = ("ggml", "ggml-ref", "reference", "autodiff", "torch")
+
+
+def register_path(name: str, compute: Callable[[OpInfo, Sample, int], Any], ops: Iterable[str] | None = None) -> None:
+    """Add a path of your own to the registry ops (those matching the globs ``ops``; all
+    if None): ``compute(info, sample, n_threads)`` returns the op's result for the
+    sample, as the reference's array (a GGMLError it raises becomes that row's verdict).
+    For example another build of ggml, a backend, or a kernel of your own. Register it
+    at import time of a module, as with :func:`register_subject`."""
+    if not name or name in BUILTIN_PATHS:
+        raise ValueError(f"a path needs a name of its own, not one of {', '.join(BUILTIN_PATHS)}")
+    _USER_PATHS[name] = (compute, tuple(ops) if ops is not None else None)
+
+
+def path_names() -> tuple[str, ...]:
+    """Every path a subject may have: the built-in ones and the registered ones."""
+    return BUILTIN_PATHS + tuple(_USER_PATHS)
 
 
 def register_subject(s: Subject) -> Subject:
