@@ -197,6 +197,9 @@ def test_fork_after_a_multithreaded_compute():
 def test_ctrl_c_interrupts_a_long_compute_promptly():
     out = run_isolated("""
         import os, signal, threading, time, numpy as np, pyggml
+        # a shell's background job starts with SIGINT ignored, and Python then installs no
+        # handler: give it Python's own, the one an interactive user has
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         n = 2048
         with pyggml.Context(256 << 20) as ctx:
             a = ctx.from_numpy(np.ones((n, n), np.float32))
