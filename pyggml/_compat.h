@@ -2,6 +2,8 @@
  * CMake's feature checks (CMakeLists.txt) decide, from the headers actually used. */
 #pragma once
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "pyggml_config.h"
 
@@ -19,6 +21,18 @@ static inline int pyggml_plan_use_ref(struct ggml_cplan * plan, int on) {
     return 1;
 #else
     (void) plan;
+    return !on;
+#endif
+}
+
+/* the same switch for every compute of a CPU backend: 1 when set (or not asked for),
+ * 0 when this ggml has no such switch */
+static inline int pyggml_backend_cpu_set_use_ref(ggml_backend_t backend, int on) {
+#if PYGGML_HAVE_USE_REF
+    ggml_backend_cpu_set_use_ref(backend, on != 0);
+    return 1;
+#else
+    (void) backend;
     return !on;
 #endif
 }

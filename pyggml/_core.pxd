@@ -9,10 +9,13 @@ from pyggml._rt cimport pyggml_guard
 
 
 cdef class Storage:
-    """Memory that tensors point into: a host pool today (a backend buffer tomorrow).
-    Numpy views of tensors use the Storage that holds their data as ``base``."""
+    """Memory that tensors point into: a context's host pool, or a backend buffer
+    (``buffer``: freed with it). Numpy views of tensors use the Storage that holds their
+    data as ``base``."""
     cdef void * ptr
     cdef readonly size_t size
+    cdef void * buffer          # ggml_backend_buffer_t this Storage owns, or NULL
+    cdef readonly bint host     # the CPU can read ptr (a pool, or a host buffer)
     cdef object __weakref__
     cdef bint contains(self, const void * p, size_t nbytes)
     cdef int _alloc(self, size_t size) except -1
@@ -32,6 +35,7 @@ cdef class Context:
     cdef int _reserve(self, uint64_t nbytes, str what) except -1
     cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs)
     cdef int _depend_on(self, Context other) except -1
+    cdef int _add_storage(self, Storage s) except -1
     cdef Storage _storage_of(self, const void * data, size_t nbytes)
     cdef bint _holds(self, const void * p)
     cdef Context _owner_of(self, const void * p)
@@ -44,6 +48,8 @@ cdef class Tensor:
     cdef object _view(self, int nd)
     cdef object _raw_view(self)
     cdef object _related(self, ggml_tensor * p)
+    cdef Storage _whole(self, str what)
+    cdef tuple _layout(self)
 
 
 # --- shared helpers --------------------------------------------------------------------

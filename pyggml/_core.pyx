@@ -32,6 +32,8 @@ from libc.string cimport memcpy, strlen
 cimport numpy as cnp
 
 from pyggml._ggml cimport *
+from pyggml._ggml_backend cimport (ggml_backend_buffer_free, ggml_backend_buffer_t, ggml_backend_tensor_get,
+                                   ggml_backend_tensor_set)
 from pyggml._rt cimport *
 
 import os
@@ -182,6 +184,8 @@ cdef class Storage:
 
     def __cinit__(self, size=None):
         self.ptr = NULL
+        self.buffer = NULL
+        self.host = True
         if size is not None:
             self._alloc(size)
 
@@ -194,10 +198,19 @@ cdef class Storage:
         return 0
 
     def __dealloc__(self):
+        if self.buffer != NULL:           # a backend buffer: ggml frees its memory
+            ggml_backend_buffer_free(<ggml_backend_buffer_t>self.buffer)
+            self.buffer = NULL
+            self.ptr = NULL
+            return
         if self.ptr != NULL:
             pg_asan_release(self.ptr, self.size)
         free(self.ptr)
         self.ptr = NULL
+
+    def __repr__(self):
+        what = "backend buffer" if self.buffer != NULL else "pool"
+        return f"<pyggml.Storage {what} of {self.size} bytes{'' if self.host else ', device memory'}>"
 
     cdef bint contains(self, const void * p, size_t nbytes):
         cdef uintptr_t a = <uintptr_t>self.ptr

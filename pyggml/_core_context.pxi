@@ -109,6 +109,7 @@ cdef class Context:
             return 0
         if self._deps is _NO_DEPS:
             self._deps = set()
+        if self._dep_pools is _NO_DEPS:
             self._dep_pools = set()
         self._deps.add(other)
         self._deps.update(other._deps)
@@ -116,6 +117,14 @@ cdef class Context:
         if other.pool is not None:
             self._dep_pools.add(other.pool)
         self._dep_pools.update(other._dep_pools)
+        return 0
+
+    cdef int _add_storage(self, Storage s) except -1:
+        """Tensors of this context now (also) point into ``s`` (a backend buffer): it
+        lives while the context is open, and while views of those tensors do."""
+        if self._dep_pools is _NO_DEPS:
+            self._dep_pools = set()
+        self._dep_pools.add(s)
         return 0
 
     cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs):

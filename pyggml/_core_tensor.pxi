@@ -196,6 +196,8 @@ cdef class Tensor:
         cdef Storage pool = self.ctx._storage_of(p.data, span)
         if pool is None:
             raise ArgumentError("numpy: the tensor's data lies outside the memory of its contexts")
+        if not pool.host:
+            raise ArgumentError("numpy: the tensor's data is in device memory; copy it with get() and set()")
         arr = cnp.PyArray_New(np.ndarray, nd, dims, typenum, strides, p.data,
                               ggml_type_size(p.type), cnp.NPY_ARRAY_WRITEABLE, None)
         cnp.set_array_base(arr, pool)
@@ -252,7 +254,82 @@ cdef class Tensor:
         cdef Storage pool = self.ctx._storage_of(p.data, span)
         if pool is None:
             raise ArgumentError("blocks: the tensor's data lies outside the memory of its contexts")
+        if not pool.host:
+            raise ArgumentError("blocks: the tensor's data is in device memory; copy it with get() and set()")
         arr = cnp.PyArray_New(np.ndarray, nd, dims, cnp.NPY_UINT8, strides, p.data, 1,
                               cnp.NPY_ARRAY_WRITEABLE, None)
         cnp.set_array_base(arr, pool)
         return arr
+
+    # --- explicit copies: for any memory, host or device --------------------------------
+
+    cdef Storage _whole(self, str what):
+        """The storage holding all of this (contiguous, allocated) tensor's bytes."""
+        self._check()
+        cdef ggml_tensor * p = self.ptr
+        if not ggml_is_contiguous(p):
+            raise ArgumentError(f"{what}: the tensor must be contiguous (nb={self.nb}); copy a view with cont() first")
+        if p.data == NULL:
+            raise ArgumentError(f"{what}: the tensor has no data (a no_alloc context: allocate it in a backend "
+                                f"buffer first)")
+        cdef Storage pool = self.ctx._storage_of(p.data, ggml_nbytes(p))
+        if pool is None:
+            raise ArgumentError(f"{what}: the tensor's data lies outside the memory of its contexts")
+        return pool
+
+    cdef tuple _layout(self):
+        if ggml_is_quantized(self.ptr.type):
+            blck = ggml_blck_size(self.ptr.type)
+            shape = self.shape[:-1] + (self.ptr.ne[0] // blck * ggml_type_size(self.ptr.type),)
+            return shape, np.dtype(np.uint8)
+        return self.shape, _NUMPY_DTYPE[Type(self.ptr.type)]
+
+    def get(self):
+        """get() -> ndarray
+
+        A copy of the tensor's data (``ggml_backend_tensor_get`` for a tensor in a
+        backend buffer): shaped ``self.shape``, or for quantized types the rows' bytes as
+        :meth:`blocks` shows them. Works for device memory, where :meth:`numpy` cannot."""
+        self._check()
+        shape, dtype = self._layout()
+        if ggml_nelements(self.ptr) == 0:
+            return np.empty(shape, dtype)
+        cdef Storage pool = self._whole("get")
+        cdef cnp.ndarray out = np.empty(shape, dtype)
+        cdef size_t n = ggml_nbytes(self.ptr)
+        if <size_t>out.nbytes != n:
+            raise RuntimeError(f"get: {out.nbytes} bytes for a tensor of {n} (please report)")
+        if self.ptr.buffer != NULL:
+            with nogil:
+                ggml_backend_tensor_get(self.ptr, cnp.PyArray_DATA(out), 0, n)
+        else:
+            memcpy(cnp.PyArray_DATA(out), self.ptr.data, n)
+        return out
+
+    def set(self, array):
+        """set(array): copy ``array`` into the tensor (``ggml_backend_tensor_set`` for a
+        tensor in a backend buffer). ``array`` must have the tensor's shape and numpy
+        dtype exactly (for quantized types, :meth:`blocks`' shape, uint8): nothing is
+        converted silently."""
+        self._check()
+        shape, dtype = self._layout()
+        if ggml_nelements(self.ptr) == 0:
+            if not isinstance(array, np.ndarray) or tuple(array.shape) != tuple(shape):
+                raise ArgumentError(f"set: the tensor is empty; array must be an ndarray of shape {tuple(shape)}")
+            return
+        cdef Storage pool = self._whole("set")
+        if not isinstance(array, np.ndarray):
+            raise GGMLTypeError(f"set: array must be a numpy.ndarray, not {type(array).__name__}")
+        if array.dtype != dtype:
+            raise GGMLTypeError(f"set: array has dtype {array.dtype}; the tensor needs {dtype}")
+        if tuple(array.shape) != tuple(shape):
+            raise ArgumentError(f"set: array has shape {array.shape}; the tensor needs {tuple(shape)}")
+        cdef cnp.ndarray src = np.ascontiguousarray(array)
+        cdef size_t n = ggml_nbytes(self.ptr)
+        if <size_t>src.nbytes != n:
+            raise RuntimeError(f"set: {src.nbytes} bytes for a tensor of {n} (please report)")
+        if self.ptr.buffer != NULL:
+            with nogil:
+                ggml_backend_tensor_set(self.ptr, cnp.PyArray_DATA(src), 0, n)
+        else:
+            memcpy(self.ptr.data, cnp.PyArray_DATA(src), n)

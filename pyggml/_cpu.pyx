@@ -332,9 +332,9 @@ cdef class CpuExecutor(Executor):
         if use_ref and not PYGGML_HAVE_USE_REF:
             raise GGMLVersionError(f"compute: use_ref needs ggml_cplan.use_ref, which ggml {c_ggml_version().decode()} "
                                    f"lacks")
-        if graph._unallocated is not None:
-            raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context, "
-                                "or empty: ggml gives those none)")
+        if graph._still_unallocated():
+            raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context whose "
+                                "tensors are not allocated in a backend buffer yet)")
         if graph._busy:
             raise GraphBusyError("compute: this graph is already being computed in another thread")
         # from here until the end, no other thread may compute or change the graph

@@ -90,6 +90,7 @@ cdef extern from "_compat.h" nogil:
         ggml_tensor * src[GGML_MAX_SRC]
         ggml_tensor * view_src
         size_t view_offs
+        void * buffer            # struct ggml_backend_buffer *: NULL for a context pool's tensors
         void * data
         char name[GGML_MAX_NAME]
 

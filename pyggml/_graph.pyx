@@ -111,6 +111,24 @@ cdef class Graph:
             raise GraphBusyError("the graph is being computed in another thread")
         return self._check()
 
+    cdef bint _still_unallocated(self):
+        """Whether a tensor of the graph still has no data (tensors of a no_alloc context
+        get theirs later, from a backend buffer): rescanned only while one had none."""
+        if self._unallocated is None:
+            return False
+        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        for i in range(n):
+            p = ggml_graph_node(self.ptr, i)
+            for j in range(-1, GGML_MAX_SRC + 1):
+                s = p if j == -1 else (p.view_src if j == GGML_MAX_SRC else p.src[j])
+                if s != NULL and s.data == NULL and ggml_nelements(s) != 0:
+                    self._unallocated = <uintptr_t>s
+                    return True
+        self._unallocated = None
+        return False
+
     cdef int _add_contexts(self, Context c) except -1:
         """The graph now reaches tensors of ``c`` (and of what ``c`` depends on)."""
         if c is not self.ctx:

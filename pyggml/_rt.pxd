@@ -1,7 +1,7 @@
 # cython: language_level=3
 # Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
 from libc.stdint cimport int64_t
-from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_tensor, ggml_threadpool
+from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_status, ggml_tensor, ggml_threadpool
 
 cdef extern from "pyggml_rt.h" nogil:
     enum:
@@ -38,6 +38,9 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)
     int pyggml_check_ready_indices(ggml_cgraph * graph, char * msg, size_t cap)
     int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, char * msg, size_t cap, int * status)
+    ctypedef ggml_status (*pyggml_compute_fn)(ggml_cgraph * graph, void * arg) noexcept nogil
+    int pyggml_compute_checked_with(ggml_cgraph * graph, pyggml_compute_fn compute, void * arg, char * msg, size_t cap,
+                                    int * status)
 
     int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,
                                         size_t stack_bytes)

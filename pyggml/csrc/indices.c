@@ -114,8 +114,17 @@ int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * msg, size_t ca
     return PYGGML_OK;
 }
 
+static enum ggml_status compute_cplan(struct ggml_cgraph * graph, void * plan) {
+    return ggml_graph_compute(graph, (struct ggml_cplan *) plan);
+}
+
 int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg, size_t cap,
                            int * status) {
+    return pyggml_compute_checked_with(graph, compute_cplan, plan, msg, cap, status);
+}
+
+int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg, char * msg,
+                                size_t cap, int * status) {
     const int n = ggml_graph_n_nodes(graph);
     int late = 0;
     *status = GGML_STATUS_SUCCESS;
@@ -136,7 +145,7 @@ int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan,
         }
     }
     if (late == 0) {
-        *status = ggml_graph_compute(graph, plan);
+        *status = compute(graph, arg);
         return PYGGML_OK;
     }
 #if PYGGML_HAVE_COMPUTE_FLAG
@@ -166,7 +175,7 @@ int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan,
             struct ggml_tensor * t = ggml_graph_node(graph, i);
             t->flags = (i >= start && i < end) ? flags[i] : (flags[i] & ~GGML_TENSOR_FLAG_COMPUTE);
         }
-        *status = ggml_graph_compute(graph, plan);
+        *status = compute(graph, arg);
         if (end < n && *status == GGML_STATUS_SUCCESS) {
             rc = pyggml_check_indices(ggml_graph_node(graph, end), msg, cap);
         }

@@ -175,6 +175,10 @@ PYGGML_RT_API int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * 
 struct ggml_cplan;
 PYGGML_RT_API int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg,
                                          size_t cap, int * status);
+/* the same, computing each segment with compute(graph, arg) (a backend's graph compute) */
+typedef enum ggml_status (*pyggml_compute_fn)(struct ggml_cgraph * graph, void * arg);
+PYGGML_RT_API int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg,
+                                              char * msg, size_t cap, int * status);
 
 /* Known defects of ggml's backward pass that this forward graph would hit (pyggml.defects):
  * PYGGML_OK, or PYGGML_REFUSED with the defect's id in *defect and why in msg. */

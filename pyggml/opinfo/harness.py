@@ -143,7 +143,11 @@ def stored(arg: Arg) -> np.ndarray:
 
 def _tensor(ctx: pyggml.Context, arg: Arg) -> pyggml.Tensor:
     raw, t = _raw(arg)
-    whole = ctx.from_numpy(raw, type=t)
+    return _layout(ctx, ctx.from_numpy(raw, type=t), arg)
+
+
+def _layout(ctx: pyggml.Context, whole: pyggml.Tensor, arg: Arg) -> pyggml.Tensor:
+    """The Arg's layout (a view, or ``whole`` itself) of its storing tensor."""
     if arg.layout == "contiguous":
         return whole
     if arg.layout == "transposed":
@@ -218,6 +222,36 @@ def compute(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = Fa
             pyggml._cpu.prove(g)
         g.compute(n_threads, use_ref=use_ref)
         return read(t), _made(t)
+
+
+def compute_on_backend(info: OpInfo, sample: Sample, backend: pyggml.Backend) -> np.ndarray:
+    """ggml's result for one sample computed by a backend: the inputs in a context's
+    pool, the op (and whatever it builds) in a ``no_alloc`` context allocated in one of
+    the backend's buffers, the graph computed with ``ggml_backend_graph_compute``."""
+    if any(isinstance(a, pyggml.Tensor) for a in sample.args):
+        raise ValueError("compute_on_backend: the sample passes ready tensors (a context pool's), not Args")
+    with pyggml.Context(_nbytes_hint(sample) + (16 << 20)) as ctx, pyggml.Context(16 << 20, no_alloc=True) as out:
+        # every tensor in the no_alloc context: the inputs' storing tensors (their bytes
+        # set once the buffer exists), their layout views, the op and what it builds
+        stored = []
+        args = []
+        for a in sample.args:
+            if not isinstance(a, Arg):
+                args.append(a)
+                continue
+            raw, typ = _raw(a)
+            pooled = ctx.from_numpy(raw, type=typ)      # the same bits the ggml path gets
+            whole = out.new_tensor(pooled.type, pooled.ne)
+            stored.append((whole, pooled))
+            args.append(_layout(out, whole, a))
+        t = getattr(pyggml, info.op)(out, *args)
+        backend.alloc_ctx_tensors(out)
+        for whole, pooled in stored:
+            whole.set(pooled.get())
+        g = pyggml.Graph(out, 256)
+        g.build_forward_expand(t)
+        backend.graph_compute(g)
+        return read(t)
 
 
 def reference(info: OpInfo, sample: Sample) -> np.ndarray:

@@ -124,7 +124,7 @@ def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
 
 
 class _Worker:
-    def __init__(self, ctx, paths, probe, keep, n_threads):
+    def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int) -> None:
         self.stderr = tempfile.NamedTemporaryFile(prefix="pyggml-parity-", suffix=".err", delete=False)
         self.stderr.close()
         self.conn, child = ctx.Pipe()

@@ -52,7 +52,8 @@ class OpSubject(Subject):
         self.name = f"op:{info.op}"
         self.op = info.op
         self.probe = probe
-        self._builtin_paths = ("ggml", "ggml-ref", "reference") + (("torch",) if torch_ops.has(info.op) else ())
+        self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") +
+                               (("torch",) if torch_ops.has(info.op) else ()))
 
     @property
     def paths(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -92,6 +93,11 @@ class OpSubject(Subject):
                     # a defect's sample may lie outside what the reference models
                     return Outcome(verdict="refused", detail=f"the sample of the defect {s.defect}, which the "
                                    f"reference does not model ({type(e).__name__}: {e})", defect=s.defect)
+            if path == "cpu-backend":
+                if any(isinstance(a, pyggml.Tensor) for a in s.args):
+                    return Outcome(verdict="skipped", detail="cpu-backend: the sample passes a ready tensor of a "
+                                                             "context pool, which no backend buffer holds")
+                return Outcome([harness.compute_on_backend(self.info, s, _backend(n_threads))])
             if path == "torch":
                 if Type[case.type] != Type.F32:
                     return Outcome(verdict="skipped", detail="the torch path takes F32 samples")
@@ -111,8 +117,8 @@ class OpSubject(Subject):
         return Outcome([out])
 
     def tolerance(self, case: Case, a: str, b: str) -> float:
-        if self.info.exact:
-            return 0.0
+        if self.info.exact or {a, b} == {"ggml", "cpu-backend"}:
+            return 0.0          # the same kernels on the same inputs: the same bits
         tol = self.info.tolerance(Type[case.type])
         return tol if b == "reference" else (2 * math.sqrt(tol)) ** 2
 
@@ -237,7 +243,13 @@ class AttentionSubject(Subject):
 
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
-BUILTIN_PATHS = ("ggml", "ggml-ref", "reference", "autodiff", "torch")
+BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "reference", "autodiff", "torch")
+
+
+@functools.lru_cache(maxsize=4)
+def _backend(n_threads: int) -> pyggml.Backend:
+    """The CPU backend the ``cpu-backend`` path computes on (one per thread count)."""
+    return pyggml.Backend("CPU", n_threads=n_threads)
 
 
 def register_path(name: str, compute: Callable[[OpInfo, Sample, int], Any], ops: Iterable[str] | None = None) -> None:

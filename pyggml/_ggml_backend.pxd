@@ -1,0 +1,58 @@
+# cython: language_level=3
+# Raw C declarations of ggml-backend.h, ggml-alloc.h and the CPU backend's part of
+# ggml-cpu.h: the parts pyggml uses. Nothing here has behaviour.
+
+from libc.stdint cimport int64_t
+
+from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_status, ggml_tensor
+
+
+cdef extern from "_compat.h" nogil:
+    ctypedef struct ggml_backend:
+        pass
+    ctypedef ggml_backend * ggml_backend_t
+    ctypedef struct ggml_backend_device:
+        pass
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    ctypedef struct ggml_backend_buffer:
+        pass
+    ctypedef ggml_backend_buffer * ggml_backend_buffer_t
+
+    enum ggml_backend_dev_type:
+        GGML_BACKEND_DEVICE_TYPE_CPU
+        GGML_BACKEND_DEVICE_TYPE_GPU
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
+
+    # the device registry
+    size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index)
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name)
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device)
+    int ggml_backend_dev_type_of "ggml_backend_dev_type"(ggml_backend_dev_t device)   # renamed: the enum has this name
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params)
+
+    # a backend
+    const char * ggml_backend_name(ggml_backend_t backend)
+    void ggml_backend_free(ggml_backend_t backend)
+    ggml_backend_dev_t ggml_backend_get_device(ggml_backend_t backend)
+    ggml_status ggml_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph)
+    bint ggml_backend_supports_op(ggml_backend_t backend, const ggml_tensor * op)
+
+    # buffers
+    void ggml_backend_buffer_free(ggml_backend_buffer_t buffer)
+    void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
+    size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
+    bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
+    void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
+    void ggml_backend_tensor_get(const ggml_tensor * tensor, void * data, size_t offset, size_t size)
+
+    # ggml-alloc.h
+    ggml_backend_buffer * ggml_backend_alloc_ctx_tensors(ggml_context * ctx, ggml_backend_t backend)
+
+    # the CPU backend
+    ggml_backend_t ggml_backend_cpu_init()
+    bint ggml_backend_is_cpu(ggml_backend_t backend)
+    void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads)
+    int pyggml_backend_cpu_set_use_ref(ggml_backend_t backend_cpu, int on)
