@@ -64,7 +64,7 @@ from pyggml._core import (
 from pyggml._graph import Graph
 from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor
 from pyggml._fab import flash_attn_back, flash_attn_back_offsets
-from pyggml._backend import Backend, backends
+from pyggml._backend import Backend, GraphAllocator, backends
 from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
 from pyggml._ops import __all__ as _op_names
 from pyggml.errors import (
@@ -98,7 +98,7 @@ except _NotFound:  # pragma: no cover - not installed (a source tree on sys.path
 
 __all__ = [
     "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MAX_SRC", "MEM_ALIGN",
-    "Backend", "Context", "CpuExecutor", "Graph", "Storage", "Tensor", "backends",
+    "Backend", "Context", "CpuExecutor", "Graph", "GraphAllocator", "Storage", "Tensor", "backends",
     "GluOp", "Op", "OpPool", "Prec", "ScaleFlag", "ScaleMode", "SortOrder", "TriType", "Type", "UnaryOp",
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort", "GGMLError",
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",

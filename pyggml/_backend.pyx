@@ -26,7 +26,7 @@ from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked
 
 from pyggml.errors import ArgumentError, ComputeError, GGMLVersionError, GraphBusyError, UpstreamDefect
 
-__all__ = ["Backend", "backends"]
+__all__ = ["Backend", "GraphAllocator", "backends"]
 
 _DEV_TYPES = {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
               GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel"}
@@ -223,6 +223,7 @@ cdef class Backend(Executor):
         graph._busy = True
         keep = graph._keep_alive()
         try:
+            graph._check_memory(keep)
             if self.is_cpu:
                 ggml_backend_cpu_set_n_threads(self.ptr, n)
                 # the CPU backend plans the graph itself: plan it first under the guard
@@ -257,3 +258,103 @@ cdef class Backend(Executor):
             name = ggml_status_to_string(status).decode()
             raise ComputeError(f"ggml_backend_graph_compute failed: {name}", name)
         return 0
+
+
+@cython.final
+cdef class _Gallocation:
+    """One ggml_gallocr and the buffers it allocated: freed when nothing uses them."""
+    cdef ggml_gallocr_t ptr
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            ggml_gallocr_free(self.ptr)
+            self.ptr = NULL
+
+
+@cython.final
+cdef class GraphAllocator:
+    """GraphAllocator(backend)
+
+    ggml's graph allocator (``ggml_gallocr``) for ``backend``'s default buffer type:
+    ``alloc_graph(graph)`` gives every tensor of the graph without data memory in one
+    of its buffers, reusing the memory of tensors no longer needed (ggml's liveness
+    analysis: intermediate results share memory; outputs and inputs, marked with
+    ``set_output``/``set_input``, keep theirs).
+
+    Each ``alloc_graph`` is a new allocation: the tensors' contexts hold it, numpy views
+    of its tensors keep it alive, and the previous allocation of this allocator is
+    released from those contexts (a graph still pointing into it is refused at compute,
+    never read). Allocate a graph once and compute it many times."""
+
+    cdef readonly Backend backend
+    cdef _Gallocation _current
+    cdef list _registered       # [(context, storage)] of the current allocation
+
+    def __cinit__(self, Backend backend not None):
+        backend._need_open()
+        self.backend = backend
+        self._current = None
+        self._registered = []
+
+    def __repr__(self):
+        return f"<pyggml.GraphAllocator for {self.backend.name}>"
+
+    def alloc_graph(self, Graph graph not None):
+        """alloc_graph(graph): allocate the graph's tensors that have no data
+        (``ggml_gallocr_alloc_graph``). Returns the bytes allocated."""
+        self.backend._need_open()
+        graph._check_idle()
+        cdef ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(self.backend.ptr)
+        cdef _Gallocation alloc = _Gallocation.__new__(_Gallocation)
+        alloc.ptr = ggml_gallocr_new(buft)
+        if alloc.ptr == NULL:
+            raise MemoryError("alloc_graph: ggml_gallocr_new failed")
+        cdef pyggml_guard g
+        cdef int ok = 0
+        if not pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, graph.ptr, &ok):
+            raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
+        if not ok:
+            raise MemoryError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer")
+        # the buffers it used, and the contexts whose tensors now point into them
+        cdef dict buffers = {}
+        cdef int i, j, n = ggml_graph_n_nodes(graph.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        cdef Context owner
+        owners = {}
+        for i in range(n):
+            p = ggml_graph_node(graph.ptr, i)
+            for j in range(-1, GGML_MAX_SRC):
+                s = p if j == -1 else p.src[j]
+                if s == NULL or s.buffer == NULL:
+                    continue
+                key = <uintptr_t>s.buffer
+                if key not in buffers:
+                    buffers[key] = None
+                owner = graph.ctx._owner_of(s)
+                if owner is None and graph._ctxs is not None:
+                    for c in graph._ctxs:
+                        if (<Context>c)._holds(s):
+                            owner = c
+                            break
+                if owner is not None:
+                    owners.setdefault(key, set()).add(owner)
+        # replace this allocator's previous allocation in the contexts that held it
+        for c, st in self._registered:
+            (<Context>c)._drop_storage(st)
+        self._registered = []
+        cdef Storage stor
+        cdef size_t total = 0
+        for key in buffers:
+            stor = Storage.__new__(Storage)
+            stor.owner = alloc
+            stor.ptr = ggml_backend_buffer_get_base(<ggml_backend_buffer_t><uintptr_t>key)
+            stor.size = ggml_backend_buffer_get_size(<ggml_backend_buffer_t><uintptr_t>key)
+            stor.host = ggml_backend_buffer_is_host(<ggml_backend_buffer_t><uintptr_t>key)
+            total += stor.size
+            for c in owners.get(key, ()):
+                if (<Context>c).ptr != NULL:
+                    (<Context>c)._add_storage(stor)
+                    self._registered.append((c, stor))
+        self._current = alloc
+        return total

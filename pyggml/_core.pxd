@@ -16,6 +16,7 @@ cdef class Storage:
     cdef readonly size_t size
     cdef void * buffer          # ggml_backend_buffer_t this Storage owns, or NULL
     cdef readonly bint host     # the CPU can read ptr (a pool, or a host buffer)
+    cdef object owner           # not None: the memory is owner's (a graph allocator's), freed with it
     cdef object __weakref__
     cdef bint contains(self, const void * p, size_t nbytes)
     cdef int _alloc(self, size_t size) except -1
@@ -36,6 +37,8 @@ cdef class Context:
     cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs)
     cdef int _depend_on(self, Context other) except -1
     cdef int _add_storage(self, Storage s) except -1
+    cdef int _drop_storage(self, Storage s) except -1
+    cdef readonly int _n_buffers  # backend storages added: their graphs' memory is checked at compute
     cdef Storage _storage_of(self, const void * data, size_t nbytes)
     cdef bint _holds(self, const void * p)
     cdef Context _owner_of(self, const void * p)

@@ -198,6 +198,9 @@ cdef class Storage:
         return 0
 
     def __dealloc__(self):
+        if self.owner is not None:        # the owner (a graph allocation) frees the memory
+            self.ptr = NULL
+            return
         if self.buffer != NULL:           # a backend buffer: ggml frees its memory
             ggml_backend_buffer_free(<ggml_backend_buffer_t>self.buffer)
             self.buffer = NULL
@@ -209,7 +212,7 @@ cdef class Storage:
         self.ptr = NULL
 
     def __repr__(self):
-        what = "backend buffer" if self.buffer != NULL else "pool"
+        what = "graph allocation" if self.owner is not None else ("backend buffer" if self.buffer != NULL else "pool")
         return f"<pyggml.Storage {what} of {self.size} bytes{'' if self.host else ', device memory'}>"
 
     cdef bint contains(self, const void * p, size_t nbytes):

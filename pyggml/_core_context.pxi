@@ -125,6 +125,13 @@ cdef class Context:
         if self._dep_pools is _NO_DEPS:
             self._dep_pools = set()
         self._dep_pools.add(s)
+        self._n_buffers += 1
+        return 0
+
+    cdef int _drop_storage(self, Storage s) except -1:
+        """Tensors of this context no longer use ``s`` (a graph allocation replaced)."""
+        if self._dep_pools is not _NO_DEPS:
+            self._dep_pools.discard(s)
         return 0
 
     cdef Tensor _adopt(self, ggml_tensor * p, tuple srcs):

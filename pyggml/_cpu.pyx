@@ -351,6 +351,7 @@ cdef class CpuExecutor(Executor):
         # (another thread may close a context meanwhile)
         cdef object keep = graph._keep_alive()
         try:
+            graph._check_memory(keep)
             if graph._index_ops:
                 # indices out of range are refused before anything runs, the proof included
                 _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)

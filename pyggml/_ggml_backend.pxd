@@ -5,6 +5,7 @@
 from libc.stdint cimport int64_t
 
 from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_status, ggml_tensor
+from pyggml._rt cimport pyggml_guard
 
 
 cdef extern from "_compat.h" nogil:
@@ -50,6 +51,18 @@ cdef extern from "_compat.h" nogil:
 
     # ggml-alloc.h
     ggml_backend_buffer * ggml_backend_alloc_ctx_tensors(ggml_context * ctx, ggml_backend_t backend)
+    ctypedef struct ggml_backend_buffer_type:
+        pass
+    ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
+    ctypedef struct ggml_gallocr:
+        pass
+    ctypedef ggml_gallocr * ggml_gallocr_t
+    ggml_backend_buffer_type_t ggml_backend_get_default_buffer_type(ggml_backend_t backend)
+    ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft)
+    void ggml_gallocr_free(ggml_gallocr_t galloc)
+
+cdef extern from "pyggml_rt.h" nogil:
+    int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr * galloc, ggml_cgraph * graph, int * ok)
 
     # the CPU backend
     ggml_backend_t ggml_backend_cpu_init()

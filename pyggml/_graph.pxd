@@ -41,6 +41,7 @@ cdef class Graph:
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1
     cdef bint _still_unallocated(self)
+    cdef int _check_memory(self, object keep) except -1
     cdef int _add_contexts(self, Context c) except -1
     cdef object _keep_alive(self)
     cdef object _tensor(self, ggml_tensor * p)

@@ -129,6 +129,44 @@ cdef class Graph:
         self._unallocated = None
         return False
 
+    cdef int _check_memory(self, object keep) except -1:
+        """Where a context of the graph holds backend memory: every tensor's data must lie
+        in a storage the compute keeps alive (``keep``, from _keep_alive). A tensor a
+        graph allocator placed, whose allocation was since replaced, points into memory
+        that may be gone: refused here, never read."""
+        cdef Context c
+        cdef bint any_buffers = self.ctx._n_buffers > 0
+        if not any_buffers and self._ctxs is not None:
+            for c in self._ctxs:
+                if c._n_buffers > 0:
+                    any_buffers = True
+                    break
+        if not any_buffers:
+            return 0
+        cdef list pools = [keep] if isinstance(keep, Storage) else [k for k in keep if k is not None]
+        cdef Storage st
+        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        cdef bint inside
+        for i in range(n):
+            p = ggml_graph_node(self.ptr, i)
+            for j in range(-1, GGML_MAX_SRC + 1):
+                s = p if j == -1 else (p.view_src if j == GGML_MAX_SRC else p.src[j])
+                if s == NULL or s.data == NULL or ggml_nelements(s) == 0:
+                    continue
+                inside = False
+                for st in pools:
+                    if st.contains(s.data, ggml_nbytes(s) if ggml_is_contiguous(s) else 1):
+                        inside = True
+                        break
+                if not inside:
+                    raise ArgumentError(
+                        f"compute: tensor {s.name.decode(errors='replace')!r} points into memory the graph's contexts "
+                        f"no longer hold (a later GraphAllocator.alloc_graph replaced its allocation): allocate "
+                        f"this graph again")
+        return 0
+
     cdef int _add_contexts(self, Context c) except -1:
         """The graph now reaches tensors of ``c`` (and of what ``c`` depends on)."""
         if c is not self.ctx:

@@ -183,3 +183,66 @@ def test_the_cpu_backend_path_agrees_bit_for_bit_with_graph_compute():
     assert len(pair) > 10
     assert all(r.verdict in ("ok", "refused") for r in pair)
     assert all(r.nmse == 0.0 and r.tol == 0.0 for r in pair if r.verdict == "ok")
+
+
+def _mlp(ctx, w, x):
+    h = pyggml.relu(ctx, pyggml.mul_mat(ctx, w, x))
+    for _ in range(4):
+        h = pyggml.relu(ctx, pyggml.mul_mat(ctx, w, h))     # a chain: intermediates can share memory
+    return h
+
+
+def test_the_graph_allocator_places_a_graph_and_reuses_memory():
+    wv, xv = f32(16, 16) / 4, f32(2, 16, seed=1)
+    be = pyggml.Backend()
+    weights = pyggml.Context(1 << 20, no_alloc=True)
+    w = weights.new_tensor(Type.F32, (16, 16))
+    be.alloc_ctx_tensors(weights)
+    w.set(wv)
+    ctx = pyggml.Context(1 << 20, no_alloc=True)
+    x = ctx.new_tensor(Type.F32, (16, 2))
+    pyggml.set_input(x)
+    y = _mlp(ctx, w, x)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(y)
+    galloc = pyggml.GraphAllocator(be)
+    nbytes = galloc.alloc_graph(g)
+    assert 0 < nbytes < 11 * 2 * 16 * 4          # less than every node its own memory
+    x.set(xv)
+    be.graph_compute(g)
+    got = y.get()
+    out = y.numpy()                              # a view of the allocation
+    with pyggml.Context(1 << 20) as pool:
+        want = _mlp(pool, pool.from_numpy(wv), pool.from_numpy(xv))
+        g2 = pyggml.Graph(pool)
+        g2.build_forward_expand(want)
+        g2.compute(1)
+        assert np.array_equal(got, want.numpy())
+    # a second allocation by the same allocator replaces the first: the old graph is
+    # refused (its memory may be gone), the view taken before keeps what it shows
+    ctx2 = pyggml.Context(1 << 20, no_alloc=True)
+    z = pyggml.sum(ctx2, pyggml.mul_mat(ctx2, w, w))
+    g3 = pyggml.Graph(ctx2)
+    g3.build_forward_expand(z)
+    galloc.alloc_graph(g3)
+    be.graph_compute(g3)
+    assert np.isclose(z.get()[0], (wv @ wv.T).sum(), rtol=1e-4)
+    with pytest.raises(ArgumentError, match="no longer hold"):
+        be.graph_compute(g)
+    with pytest.raises(ArgumentError, match="no longer hold"):
+        g.compute(1)
+    assert np.array_equal(out, got)
+    galloc.alloc_graph(g)                        # allocated again: computes again
+    x.set(xv)
+    be.graph_compute(g)
+    assert np.array_equal(y.get(), got)
+
+
+def test_the_graph_allocator_checks_its_arguments():
+    with pytest.raises(TypeError):
+        pyggml.GraphAllocator(None)
+    be = pyggml.Backend()
+    galloc = pyggml.GraphAllocator(be)
+    be.close()
+    with pytest.raises(ArgumentError, match="closed"):
+        galloc.alloc_graph(pyggml.Graph(pyggml.Context(1 << 20)))

@@ -191,6 +191,12 @@ PYGGML_RT_API int pyggml_checks_enabled(void);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
 
+/* --- backends (backend.c) ------------------------------------------------------------ */
+struct ggml_gallocr;
+/* ggml_gallocr_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
+PYGGML_RT_API int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, struct ggml_gallocr * galloc,
+                                                 struct ggml_cgraph * graph, int * ok);
+
 #ifdef __cplusplus
 }
 #endif
