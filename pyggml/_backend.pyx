@@ -70,19 +70,12 @@ cdef ggml_status _compute_on(ggml_cgraph * graph, void * backend) noexcept nogil
     return ggml_backend_graph_compute(<ggml_backend_t>backend, graph)
 
 
-@cython.final
 cdef class Backend(Executor):
     """Backend(name="CPU", n_threads=None)
 
     A ggml backend: ``"CPU"`` (always there), or the name of a device of
     :func:`backends`. ``n_threads`` (CPU backend): threads per compute (default: as
     :meth:`pyggml.Graph.compute`)."""
-
-    cdef ggml_backend_t ptr
-    cdef readonly str name
-    cdef bint is_cpu
-    cdef object _n_threads
-    cdef bint _use_ref
 
     def __cinit__(self, name="CPU", n_threads=None):
         self.ptr = NULL
@@ -110,7 +103,10 @@ cdef class Backend(Executor):
             self.ptr = NULL
 
     def close(self):
-        """Free the backend (idempotent); buffers it allocated stay valid."""
+        """Free the backend (idempotent); buffers it allocated stay valid. Refused while
+        a Scheduler uses it."""
+        if self._users:
+            raise ArgumentError(f"Backend {self.name}: a Scheduler uses it; free the scheduler first")
         if self.ptr != NULL:
             ggml_backend_free(self.ptr)
             self.ptr = NULL

@@ -61,6 +61,14 @@ cdef extern from "_compat.h" nogil:
     ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft)
     void ggml_gallocr_free(ggml_gallocr_t galloc)
 
+    # the scheduler
+    ctypedef struct ggml_backend_sched:
+        pass
+    ctypedef ggml_backend_sched * ggml_backend_sched_t
+    ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends, ggml_backend_buffer_type_t * bufts,
+                                                int n_backends, size_t graph_size, bint parallel, bint op_offload)
+    void ggml_backend_sched_free(ggml_backend_sched_t sched)
+
 cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr * galloc, ggml_cgraph * graph, int * ok)
 

@@ -197,6 +197,17 @@ struct ggml_gallocr;
 PYGGML_RT_API int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, struct ggml_gallocr * galloc,
                                                  struct ggml_cgraph * graph, int * ok);
 
+/* ggml-opt: the optimizer-parameter callback (returns *(struct ggml_opt_optimizer_params *)
+ * userdata), and a forked dry run of ggml_opt_init + one training batch of dataset */
+#include "ggml-opt.h"
+PYGGML_RT_API struct ggml_opt_optimizer_params pyggml_opt_params_of(void * userdata);
+typedef struct pyggml_opt_probe {
+    struct ggml_opt_params params;
+    ggml_opt_dataset_t dataset;
+    ggml_backend_t cpu;            /* the scheduler's CPU backend: one thread in the child */
+} pyggml_opt_probe;
+PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how);
+
 #ifdef __cplusplus
 }
 #endif

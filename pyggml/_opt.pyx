@@ -1,0 +1,454 @@
+# cython: language_level=3, embedsignature=True
+"""pyggml._opt: training with ggml-opt (ggml-opt.h) over ggml's scheduler.
+
+A :class:`Scheduler` spreads graphs over backends (``ggml_backend_sched``); a
+:class:`Dataset` holds data points and labels in host memory (numpy views); an
+:class:`Optimizer` is ``ggml_opt_init`` with static graphs for a model whose forward
+graph maps ``inputs`` ([ne_datapoint, batch]) to ``outputs`` ([ne_label, batch]):
+``epoch()`` runs ``ggml_opt_epoch`` (the GIL released; a Python callback after each
+batch). :func:`pyggml.opt.fit` is the loop over epochs.
+
+ggml-opt aborts the process on what it cannot do. pyggml checks the arguments it can
+(shapes, types, parameter values, the forward graph as Graph.build_backward_expand
+does) and then proves the rest once: ``ggml_opt_init``, an allocation and one training
+batch run first in a forked child, whose abort becomes :class:`~pyggml.GGMLAbort`.
+"""
+
+cimport cython
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+cimport numpy as cnp
+
+from pyggml._ggml cimport *
+from pyggml._ggml_backend cimport *
+from pyggml._ggml_opt cimport *
+from pyggml._rt cimport *
+from pyggml._core cimport Context, Tensor, need_open
+from pyggml._backend cimport Backend
+from pyggml._graph cimport Graph
+
+import threading
+
+import numpy as np
+
+from pyggml._core import Type
+from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, UpstreamDefect
+
+cnp.import_array()
+
+__all__ = ["Dataset", "Optimizer", "Result", "Scheduler", "LOSSES", "OPTIMIZERS"]
+
+LOSSES = {"mean": GGML_OPT_LOSS_TYPE_MEAN, "sum": GGML_OPT_LOSS_TYPE_SUM,
+          "cross_entropy": GGML_OPT_LOSS_TYPE_CROSS_ENTROPY, "mse": GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR}
+OPTIMIZERS = {"adamw": GGML_OPT_OPTIMIZER_TYPE_ADAMW, "sgd": GGML_OPT_OPTIMIZER_TYPE_SGD}
+DEFAULTS = {"adamw": {"alpha": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "wd": 0.0},
+            "sgd": {"alpha": 1e-3, "wd": 0.0}}
+PROOF_TIMEOUT_S = 600.0
+# ggml_backend_sched_new asserts n_backends <= GGML_SCHED_MAX_BACKENDS, which only
+# ggml-backend.cpp defines (16 in every release pyggml builds against)
+cdef int _MAX_BACKENDS = 16
+
+
+@cython.final
+cdef class Scheduler:
+    """Scheduler(backends, graph_size=2048)
+
+    ``ggml_backend_sched`` over ``backends`` (a list of :class:`~pyggml.Backend`, the
+    CPU backend last, as ggml requires). The backends cannot be closed while it lives."""
+
+    cdef ggml_backend_sched_t ptr
+    cdef readonly tuple backends
+    cdef Backend cpu
+
+    def __cinit__(self, backends, graph_size=2048):
+        self.ptr = NULL
+        bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
+        if not bs or not all(isinstance(b, Backend) for b in bs):
+            raise ArgumentError("Scheduler: backends must be a non-empty list of pyggml.Backend")
+        if len(bs) > _MAX_BACKENDS:
+            raise ArgumentError(f"Scheduler: at most {_MAX_BACKENDS} backends")
+        if len(set(map(id, bs))) != len(bs):
+            raise ArgumentError("Scheduler: a backend is listed twice")
+        cdef Backend b
+        for b in bs:
+            b._need_open()
+        if not (<Backend>bs[-1]).is_cpu:
+            raise ArgumentError("Scheduler: the last backend must be the CPU backend (ggml's fallback)")
+        if type(graph_size) is not int or not 16 <= graph_size <= (1 << 24):
+            raise ArgumentError(f"Scheduler: graph_size must be an int in [16, 2**24], got {graph_size!r}")
+        cdef ggml_backend_t ptrs[16]
+        for i, b in enumerate(bs):
+            ptrs[i] = b.ptr
+        self.ptr = ggml_backend_sched_new(ptrs, NULL, len(bs), graph_size, False, True)
+        if self.ptr == NULL:
+            raise MemoryError("Scheduler: ggml_backend_sched_new failed")
+        for b in bs:
+            b._users += 1
+        self.backends = bs
+        self.cpu = bs[-1]
+
+    def __dealloc__(self):
+        cdef Backend b
+        if self.ptr != NULL:
+            ggml_backend_sched_free(self.ptr)
+            self.ptr = NULL
+            for b in self.backends:
+                b._users -= 1
+
+    def __repr__(self):
+        return f"<pyggml.Scheduler over {', '.join(b.name for b in self.backends)}>"
+
+
+@cython.final
+cdef class Dataset:
+    """Dataset(ndata, ne_datapoint, ne_label=0, type_data=Type.F32, type_label=Type.F32, ndata_shard=1)
+
+    ``ggml_opt_dataset``: ``ndata`` data points of ``ne_datapoint`` values and labels of
+    ``ne_label`` values, in host memory; fill them through the numpy views :attr:`data`
+    (ndata, ne_datapoint) and :attr:`labels` (ndata, ne_label). Shuffling moves whole
+    shards of ``ndata_shard`` points."""
+
+    cdef ggml_opt_dataset_t ptr
+    cdef readonly int64_t ndata, ne_datapoint, ne_label, ndata_shard
+    cdef readonly object type_data, type_label
+
+    def __cinit__(self, ndata, ne_datapoint, ne_label=0, type_data=Type.F32, type_label=Type.F32, ndata_shard=1):
+        self.ptr = NULL
+        for name, v, lo in (("ndata", ndata, 1), ("ne_datapoint", ne_datapoint, 1), ("ne_label", ne_label, 0),
+                            ("ndata_shard", ndata_shard, 1)):
+            if type(v) is not int or not lo <= v < (1 << 40):
+                raise ArgumentError(f"Dataset: {name} must be an int >= {lo}, got {v!r}")
+        if ndata % ndata_shard:
+            raise ArgumentError(f"Dataset: ndata ({ndata}) must be a multiple of ndata_shard ({ndata_shard})")
+        for name, t in (("type_data", type_data), ("type_label", type_label)):
+            if t not in (Type.F32, Type.F16, Type.I32):
+                raise ArgumentError(f"Dataset: {name} must be Type.F32, F16 or I32, got {t!r}")
+        self.ndata, self.ne_datapoint, self.ne_label, self.ndata_shard = ndata, ne_datapoint, ne_label, ndata_shard
+        self.type_data, self.type_label = Type(type_data), Type(type_label)
+        self.ptr = ggml_opt_dataset_init(<ggml_type><int>type_data, <ggml_type><int>type_label, ne_datapoint,
+                                         ne_label, ndata, ndata_shard)
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            ggml_opt_dataset_free(self.ptr)
+            self.ptr = NULL
+
+    cdef object _view(self, ggml_tensor * t):
+        cdef cnp.npy_intp dims[2]
+        dims[0] = t.ne[1]
+        dims[1] = t.ne[0]
+        arr = cnp.PyArray_SimpleNewFromData(2, dims, {int(Type.F32): cnp.NPY_FLOAT32, int(Type.F16): cnp.NPY_FLOAT16,
+                                                      int(Type.I32): cnp.NPY_INT32}[<int>t.type], t.data)
+        Py_INCREF(self)
+        cnp.PyArray_SetBaseObject(arr, self)
+        return arr
+
+    @property
+    def data(self):
+        """The data points, (ndata, ne_datapoint): a zero-copy, writable view."""
+        return self._view(ggml_opt_dataset_data(self.ptr))
+
+    @property
+    def labels(self):
+        """The labels, (ndata, ne_label): a zero-copy, writable view (None without labels)."""
+        cdef ggml_tensor * t = ggml_opt_dataset_labels(self.ptr)
+        return None if t == NULL else self._view(t)
+
+    def __repr__(self):
+        return f"<pyggml.Dataset {self.ndata} x {self.ne_datapoint} -> {self.ne_label}>"
+
+
+class Result:
+    """What an epoch's training or validation part gave: ``ndata`` data points, mean
+    ``loss`` and its uncertainty, ``accuracy`` and its uncertainty (nan without labels),
+    the predicted class of each point (``pred``)."""
+
+    def __init__(self, ndata, loss, loss_unc, accuracy, accuracy_unc, pred):
+        self.ndata, self.loss, self.loss_unc = ndata, loss, loss_unc
+        self.accuracy, self.accuracy_unc, self.pred = accuracy, accuracy_unc, pred
+
+    def __repr__(self):
+        return f"<Result ndata={self.ndata} loss={self.loss:.4g} accuracy={self.accuracy:.4g}>"
+
+
+cdef object _result(ggml_opt_result_t r):
+    cdef int64_t n = 0
+    cdef double loss = 0, lunc = 0, acc = 0, aunc = 0
+    ggml_opt_result_ndata(r, &n)
+    if n == 0:
+        return Result(0, float("nan"), float("nan"), float("nan"), float("nan"), np.empty(0, np.int32))
+    ggml_opt_result_loss(r, &loss, &lunc)
+    ggml_opt_result_accuracy(r, &acc, &aunc)
+    cdef cnp.ndarray pred = np.empty(n, np.int32)
+    ggml_opt_result_pred(r, <int32_t *>cnp.PyArray_DATA(pred))
+    return Result(int(n), loss, lunc, acc, aunc, pred)
+
+
+# ggml-opt's epoch callback has no user data: the one epoch running at a time (a lock)
+# finds its Python callback here
+_epoch_lock = threading.Lock()
+cdef object _callback = None
+cdef object _callback_error = None
+
+
+cdef void _on_batch(bint train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result,
+                    int64_t ibatch, int64_t ibatch_max, int64_t t_start_us) noexcept nogil:
+    with gil:
+        _call_back(train, result, ibatch, ibatch_max)
+
+
+cdef void _call_back(bint train, ggml_opt_result_t result, int64_t ibatch, int64_t ibatch_max) noexcept:
+    global _callback_error
+    if _callback is None or _callback_error is not None:
+        return
+    try:
+        _callback(bool(train), int(ibatch), int(ibatch_max), _result(result))
+    except BaseException as e:          # raised after the epoch: ggml cannot stop one midway
+        _callback_error = e
+
+
+@cython.final
+cdef class Optimizer:
+    """Optimizer(scheduler, ctx_compute, inputs, outputs, loss="cross_entropy", optimizer="adamw", opt_period=1)
+
+    ``ggml_opt_init`` with static graphs: ``outputs`` computed in ``ctx_compute`` (a
+    ``no_alloc`` context, with room for the backward graphs) from ``inputs``
+    ([ne_datapoint, batch], allocated, e.g. in a backend buffer) and the parameters
+    (tensors marked with :func:`pyggml.set_param`, allocated). ``loss``: "mean", "sum",
+    "cross_entropy" or "mse"; ``optimizer``: "adamw" or "sgd"; ``opt_period``: batches
+    whose gradients accumulate per optimizer step."""
+
+    cdef ggml_opt_context_t ptr
+    cdef readonly Scheduler scheduler
+    cdef readonly str loss, optimizer
+    cdef ggml_opt_optimizer_params _params
+    cdef tuple _keep                  # the contexts the graphs live in: checked open before use
+    cdef Tensor _inputs, _outputs
+
+    def __cinit__(self, Scheduler scheduler not None, Context ctx_compute not None, Tensor inputs not None,
+                  Tensor outputs not None, loss="cross_entropy", optimizer="adamw", opt_period=1):
+        self.ptr = NULL
+        if loss not in LOSSES:
+            raise ArgumentError(f"Optimizer: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ArgumentError(f"Optimizer: optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        if type(opt_period) is not int or not 1 <= opt_period < (1 << 30):
+            raise ArgumentError(f"Optimizer: opt_period must be an int >= 1, got {opt_period!r}")
+        need_open(ctx_compute, "Optimizer")
+        inputs._check()
+        outputs._check()
+        cdef ggml_tensor * x = inputs.ptr
+        cdef ggml_tensor * y = outputs.ptr
+        if x.data == NULL:
+            raise ArgumentError("Optimizer: inputs must be allocated (a backend buffer or a context pool): ggml-opt "
+                                "copies each batch into it")
+        if not ggml_is_contiguous(x) or x.ne[2] != 1 or x.ne[3] != 1:
+            raise ArgumentError(f"Optimizer: inputs must be a contiguous [ne_datapoint, batch] matrix, got "
+                                f"ne={inputs.ne}")
+        if y.type != GGML_TYPE_F32 or y.ne[2] != 1 or y.ne[3] != 1 or y.ne[1] != x.ne[1]:
+            raise ArgumentError(f"Optimizer: outputs must be an F32 [ne_label, batch] matrix with the inputs' batch "
+                                f"({x.ne[1]}), got {Type(y.type).name} ne={outputs.ne}")
+        # the forward graph, checked as Graph.build_backward_expand checks it
+        cdef Graph g = Graph(ctx_compute, 2048)
+        g.build_forward_expand(outputs)
+        self._keep = tuple({ctx_compute, inputs.ctx, outputs.ctx} | (g._ctxs or set()))
+        _check_forward(g)
+        self.scheduler = scheduler
+        self.loss, self.optimizer = loss, optimizer
+        self._inputs, self._outputs = inputs, outputs
+        self._set_params(dict(DEFAULTS[optimizer]))
+        cdef ggml_opt_params params = ggml_opt_default_params(scheduler.ptr, <ggml_opt_loss_type>LOSSES[loss])
+        params.ctx_compute = ctx_compute.ptr
+        params.inputs = x
+        params.outputs = y
+        params.opt_period = opt_period
+        params.get_opt_pars = pyggml_opt_params_of
+        params.get_opt_pars_ud = &self._params
+        params.optimizer = <ggml_opt_optimizer_type>OPTIMIZERS[optimizer]
+        self._prove(params)
+        with nogil:
+            self.ptr = ggml_opt_init(params)
+
+    cdef int _prove(self, ggml_opt_params params) except -1:
+        """ggml_opt_init, an allocation and one batch in a forked child: its abort here."""
+        probe_set = Dataset(int(self._inputs.ptr.ne[1]), int(self._inputs.ptr.ne[0]),
+                            int(self._outputs.ptr.ne[0]) if self.loss in ("cross_entropy", "mse") else 0,
+                            Type(self._inputs.ptr.type), Type.F32, 1)
+        probe_set.data[...] = 0
+        if probe_set.labels is not None:
+            probe_set.labels[...] = 1.0 / probe_set.ne_label
+        cdef pyggml_opt_probe probe
+        probe.params = params
+        probe.dataset = (<Dataset>probe_set).ptr
+        probe.cpu = self.scheduler.cpu.ptr
+        cdef char msg[4096]
+        cdef int how = 0, rc
+        cdef double timeout = PROOF_TIMEOUT_S
+        with nogil:
+            rc = pyggml_opt_dry_run(&probe, timeout, msg, sizeof(msg), &how)
+        if rc < 0:
+            raise OSError("Optimizer: the forked proof could not run (fork or pipe failed)")
+        if rc != PYGGML_DRY_OK:
+            text = msg.decode("utf-8", "replace").strip()
+            why = {PYGGML_DRY_SIGNAL: f"signal {how}", PYGGML_DRY_EXIT: f"exit {how}",
+                   PYGGML_DRY_TIMEOUT: f"timed out after {PROOF_TIMEOUT_S:.0f} s"}[rc]
+            raise GGMLAbort(f"Optimizer: ggml-opt would abort ({why}): {text or 'no message'}", text)
+        return 0
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            ggml_opt_free(self.ptr)
+            self.ptr = NULL
+
+    def __repr__(self):
+        return f"<pyggml.Optimizer {self.optimizer}, loss {self.loss}>"
+
+    @property
+    def batch_size(self):
+        """Data points per batch: the inputs' ne[1]."""
+        return int(self._inputs.ptr.ne[1])
+
+    cdef int _check(self) except -1:
+        if self.ptr == NULL:
+            raise ArgumentError("Optimizer: not initialised")
+        for c in self._keep:
+            if (<Context>c).ptr == NULL:
+                raise ContextClosedError("Optimizer: a context its graphs live in was closed")
+        cdef Backend b
+        for b in self.scheduler.backends:
+            b._need_open()
+        return 0
+
+    cdef int _set_params(self, dict p) except -1:
+        unknown = set(p) - set(DEFAULTS[self.optimizer])
+        if unknown:
+            raise ArgumentError(f"optimizer parameters: {self.optimizer} has no {', '.join(sorted(unknown))} "
+                                f"(it has {', '.join(DEFAULTS[self.optimizer])})")
+        v = dict(DEFAULTS[self.optimizer])
+        for k, x in p.items():
+            try:
+                v[k] = float(x)
+            except (TypeError, ValueError):
+                raise ArgumentError(f"optimizer parameters: {k} must be a number, got {x!r}") from None
+        # what ggml-opt asserts (a NaN fails every comparison, as in ggml)
+        if not v["alpha"] > 0:
+            raise ArgumentError(f"optimizer parameters: alpha must be > 0, got {v['alpha']}")
+        if not 0 <= v["wd"] <= 1:
+            raise ArgumentError(f"optimizer parameters: wd must be in [0, 1], got {v['wd']}")
+        if self.optimizer == "adamw":
+            for k in ("beta1", "beta2"):
+                if not 0 <= v[k] <= 1:
+                    raise ArgumentError(f"optimizer parameters: {k} must be in [0, 1], got {v[k]}")
+            if not v["eps"] >= 0:
+                raise ArgumentError(f"optimizer parameters: eps must be >= 0, got {v['eps']}")
+            self._params.adamw.alpha, self._params.adamw.beta1, self._params.adamw.beta2 = (
+                v["alpha"], v["beta1"], v["beta2"])
+            self._params.adamw.eps, self._params.adamw.wd = v["eps"], v["wd"]
+            self._params.sgd.alpha, self._params.sgd.wd = v["alpha"], v["wd"]
+        else:
+            self._params.sgd.alpha, self._params.sgd.wd = v["alpha"], v["wd"]
+            self._params.adamw.alpha, self._params.adamw.beta1, self._params.adamw.beta2 = v["alpha"], 0.9, 0.999
+            self._params.adamw.eps, self._params.adamw.wd = 1e-8, v["wd"]
+        return 0
+
+    def reset(self, optimizer=True):
+        """reset(optimizer=True): gradients to zero; with ``optimizer`` also the
+        optimizer's state (moments, step count)."""
+        self._check()
+        ggml_opt_reset(self.ptr, bool(optimizer))
+
+    def shuffle(self, Dataset dataset not None, idata=-1):
+        """shuffle(dataset, idata=-1): shuffle the shards of the first ``idata`` points
+        (all with -1) with the optimizer's random generator."""
+        self._check()
+        if type(idata) is not int or not (idata == -1 or 0 <= idata <= dataset.ndata):
+            raise ArgumentError(f"shuffle: idata must be -1 or in [0, {dataset.ndata}], got {idata!r}")
+        if idata >= 0 and idata % dataset.ndata_shard:
+            raise ArgumentError(f"shuffle: idata must be a multiple of ndata_shard ({dataset.ndata_shard})")
+        ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, idata)
+
+    def epoch(self, Dataset dataset not None, idata_split=-1, params=None, callback=None):
+        """epoch(dataset, idata_split=-1, params=None, callback=None) -> (train, val)
+
+        One pass over ``dataset`` (``ggml_opt_epoch``): the first ``idata_split``
+        points (all with -1) train, the rest validate. ``params``: the optimizer's
+        parameters for this epoch (a dict: alpha, beta1, beta2, eps, wd for AdamW;
+        alpha, wd for SGD; defaults for what is missing). ``callback(train, ibatch,
+        ibatch_max, result)`` runs after each batch. Returns two :class:`Result`."""
+        global _callback, _callback_error
+        self._check()
+        cdef ggml_tensor * x = self._inputs.ptr
+        cdef ggml_tensor * y = self._outputs.ptr
+        if dataset.ne_datapoint != x.ne[0] or Type(x.type) != dataset.type_data:
+            raise ArgumentError(f"epoch: the dataset's points ({dataset.ne_datapoint} x {dataset.type_data.name}) "
+                                f"do not fit the inputs ({x.ne[0]} x {Type(x.type).name})")
+        needs_labels = self.loss in ("cross_entropy", "mse")
+        if needs_labels and (dataset.ne_label != y.ne[0] or dataset.type_label != Type.F32):
+            raise ArgumentError(f"epoch: loss {self.loss} needs F32 labels of {y.ne[0]} values (the outputs'), the "
+                                f"dataset has {dataset.ne_label} x {dataset.type_label.name}")
+        if not needs_labels and dataset.ne_label != 0:
+            raise ArgumentError(f"epoch: loss {self.loss} takes no labels; make the dataset with ne_label=0")
+        batch = x.ne[1]
+        if dataset.ndata % batch or batch % dataset.ndata_shard:
+            raise ArgumentError(f"epoch: the dataset's {dataset.ndata} points must be a multiple of the batch "
+                                f"({batch}), and the batch of ndata_shard ({dataset.ndata_shard})")
+        if idata_split == -1:
+            idata_split = dataset.ndata
+        if type(idata_split) is not int or not 0 <= idata_split <= dataset.ndata or idata_split % batch:
+            raise ArgumentError(f"epoch: idata_split must be -1 or a multiple of the batch ({batch}) in "
+                                f"[0, {dataset.ndata}], got {idata_split!r}")
+        if callback is not None and not callable(callback):
+            raise ArgumentError("epoch: callback must be callable")
+        self._set_params(dict(params or {}))
+        cdef ggml_opt_result_t rt = ggml_opt_result_init()
+        cdef ggml_opt_result_t rv = ggml_opt_result_init()
+        cdef int64_t split = idata_split
+        cdef ggml_opt_epoch_callback cb = NULL
+        if callback is not None:
+            cb = _on_batch
+        try:
+            with _epoch_lock:
+                _callback, _callback_error = callback, None
+                try:
+                    with nogil:
+                        ggml_opt_epoch(self.ptr, dataset.ptr, rt, rv, split, cb, cb)
+                finally:
+                    err, _callback, _callback_error = _callback_error, None, None
+            if err is not None:
+                raise err
+            return _result(rt), _result(rv)
+        finally:
+            ggml_opt_result_free(rt)
+            ggml_opt_result_free(rv)
+
+
+cdef int _check_forward(Graph g) except -1:
+    """What ggml-opt's backward pass needs of the forward graph, before any C runs."""
+    cdef int i, j
+    cdef ggml_tensor * p
+    cdef ggml_tensor * s
+    cdef int n_param = 0
+    nodes = g.nodes
+    for t in nodes:
+        p = (<Tensor>t).ptr
+        if p.flags & GGML_TENSOR_FLAG_LOSS:
+            raise ArgumentError("Optimizer: the forward graph has a loss already: ggml-opt adds its own")
+        if pyggml_index_tensor(p) != NULL:
+            raise ArgumentError(f"Optimizer: node {t.name!r} ({t.op}) reads positions from tensor values, which "
+                                f"pyggml cannot check inside ggml-opt's compute")
+        for j in range(-1, GGML_MAX_SRC):
+            s = p if j == -1 else p.src[j]
+            if s == NULL:
+                continue
+            if s.flags & GGML_TENSOR_FLAG_PARAM:
+                n_param += 1
+            if s.op == GGML_OP_NONE and s.view_src == NULL and s.data == NULL and ggml_nelements(s) != 0:
+                raise ArgumentError(f"Optimizer: tensor {s.name.decode(errors='replace')!r} has no data: allocate "
+                                    f"the inputs and parameters (e.g. Backend.alloc_ctx_tensors)")
+    if n_param == 0:
+        raise ArgumentError("Optimizer: no parameter in the forward graph; mark the weights with pyggml.set_param")
+    cdef char msg[PYGGML_MSG_CAP]
+    cdef const char * defect = NULL
+    if pyggml_check_backward(g.ptr, msg, PYGGML_MSG_CAP, &defect) != PYGGML_OK:
+        raise UpstreamDefect(f"Optimizer: {msg.decode('utf-8', 'replace')}", defect.decode() if defect != NULL else "")
+    return 0
