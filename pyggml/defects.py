@@ -28,7 +28,13 @@ class Defect:
 
     def run_probe(self):
         """The probe's measurement on the linked ggml (None: not applicable here)."""
-        return None if self.probe is None else self.probe()
+        if self.probe is None:
+            return None
+        from pyggml.errors import GGMLVersionError
+        try:
+            return self.probe()
+        except GGMLVersionError:        # the op (or feature) the probe needs is not in this ggml
+            return None
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
