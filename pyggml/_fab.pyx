@@ -175,3 +175,10 @@ def _probe_fab_batch_gqa_oob():
         return int(np.count_nonzero(r.numpy()[end // 4:])) * 4
     finally:
         ctx.close()
+
+
+# Measured once, at import: a ggml whose kernel no longer writes past its result for
+# batch + GQA (a fixed release, or a tree patched by scripts/patch_upstream.py) gets such
+# nodes computed instead of refused. Bytes the kernel wrote past; None without the op.
+FAB_BATCH_GQA_OVERRUN = _probe_fab_batch_gqa_oob()
+pyggml_set_fab_batch_gqa_fixed(FAB_BATCH_GQA_OVERRUN == 0)

@@ -33,6 +33,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_checks_set_enabled(int enabled)
     int pyggml_checks_enabled()
+    void pyggml_set_fab_batch_gqa_fixed(int fixed)
     int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
     int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)

@@ -501,6 +501,22 @@ def known_defects() -> list[dict]:
     return [d.as_dict() for d in DEFECTS]
 
 
+def present(defect_id: str) -> bool | None:
+    """Whether the linked ggml has the defect, as its probe measures it (once per
+    process): True or False, None where it has no probe or the probe cannot run here."""
+    if defect_id not in _PRESENT:
+        if defect_id == "fab-batch-gqa-oob":      # measured at import by pyggml._fab
+            from pyggml import _fab
+            v = _fab.FAB_BATCH_GQA_OVERRUN
+        else:
+            v = get(defect_id).run_probe()
+        _PRESENT[defect_id] = None if v is None else bool(v)
+    return _PRESENT[defect_id]
+
+
+_PRESENT: dict[str, bool | None] = {}
+
+
 def probe_all() -> dict[str, object]:
     """Run every defect's probe on the linked ggml: ``{id: measurement}`` (None where a
     defect has no probe or does not apply)."""

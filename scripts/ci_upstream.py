@@ -11,7 +11,11 @@ Each ``--ggml SPEC`` gets its own virtual environment and build directory:
 ``src:PATH``
     an upstream source tree (for example a git checkout of master), built from source;
 ``prefix:PATH``
-    an installed ggml (``PATH/lib*/cmake/ggml``), linked as a system library.
+    an installed ggml (``PATH/lib*/cmake/ggml``), linked as a system library;
+``patched:vendored``, ``patched:src:PATH``
+    that source tree, copied and fixed by ``scripts/patch_upstream.py`` (pyggml's fixes
+    for upstream defects, docs/upstream-defects.md), built from source: its defect
+    probes must then measure nothing.
 
 A source spec (vendored, src:) may end in ``@ISA``: ggml's CPU kernels built for one
 instruction set through ggml's own options (GGML_NATIVE off, GGML_AVX* and friends):
@@ -62,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # every release of the registry package with a prebuilt wheel for this platform
 # (0.1.0 and 0.2.0 have none); 0.x.y.post1 repackage the same ggml
 RELEASES = ["0.3.5", "0.9.4", "0.9.5", "0.9.7", "0.9.8", "0.9.11", "0.13.1", "0.15.3", "0.16.0", "0.17.0"]
-DEFAULT_SPECS = (["vendored", "vendored@avx2", "vendored@avx", "vendored@generic"] +
+DEFAULT_SPECS = (["vendored", "patched:vendored", "vendored@avx2", "vendored@avx", "vendored@generic"] +
                  [f"pypi:libggml-python=={v}" for v in reversed(RELEASES)])
 
 # ggml's own CMake options per instruction set (ggml/CMakeLists.txt, x86)
@@ -83,7 +87,7 @@ def split_isa(spec: str) -> tuple[str, str]:
         return spec, ""
     if isa not in ISAS:
         raise SystemExit(f"ci_upstream: {spec}: unknown ISA {isa!r} (known: {', '.join(ISAS)})")
-    if not (base == "vendored" or base.startswith("src:")):
+    if not (base in ("vendored", "patched:vendored") or base.startswith(("src:", "patched:src:"))):
         raise SystemExit(f"ci_upstream: {spec}: only a source build (vendored, src:) can choose its ISA")
     return base, isa
 
@@ -112,6 +116,11 @@ def slug(spec: str) -> str:
 def parse_spec(spec: str) -> tuple[str, str]:
     spec, _ = split_isa(spec)
     kind, _, arg = spec.partition(":")
+    if kind == "patched":
+        inner, inner_arg = parse_spec(arg) if arg else ("", "")
+        if inner not in ("vendored", "src"):
+            raise SystemExit(f"ci_upstream: bad --ggml {spec!r}: use patched:vendored or patched:src:PATH")
+        return kind, inner_arg
     if kind == "vendored" and not arg:
         return kind, ""
     if kind == "pypi" and arg.startswith("libggml-python=="):
@@ -176,6 +185,17 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             env.update(PYGGML_GGML="system", CMAKE_PREFIX_PATH=arg)
         elif kind == "src":
             env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=arg)
+        elif kind == "patched":
+            tree = out / "ggml-src"
+            fetch = [sys.executable, ROOT / "scripts" / "vendor_ggml.py", "--dest", tree]
+            if step.run(fetch + (["--from", arg] if arg else []), env=env).returncode:
+                return row
+            patch = step.run([sys.executable, ROOT / "scripts" / "patch_upstream.py", tree], env=env)
+            row["patched"] = dict(line.split(": ", 1) for line in patch.stdout.splitlines() if ": " in line
+                                  and not line.startswith("$"))
+            if patch.returncode:
+                return row
+            env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=str(tree))
         install = [py, "-m", "pip", "install", "-C", f"build-dir={out / 'build'}", f"{ROOT}[test]"]
         for k, v in isa_defines(isa).items():
             install[4:4] = ["-C", f"cmake.define.{k}={v}"]
@@ -211,6 +231,9 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             row["builders"] = probe["builders"]
             row["defects"] = probe["defects"]
             row["known_defects"] = [f"{k}: {v}" for k, v in probe["defects"].items() if v]
+            if row.get("patched"):
+                # the fixed defects must be gone: their probes measure nothing
+                row["patch_ok"] = all(not probe["defects"].get(d) for d in row["patched"])
         return row
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -239,6 +262,11 @@ def parity_summary(rows: list[dict]) -> dict[str, Any]:
         if v in ("oob", "crashed", "timeout"):
             found.setdefault(f"{v}:{r['op']}", []).append(f"{r['case']}: {r['detail'][:200]}")
     return {"counts": counts, "ops": ops, "found": found}
+
+
+def _ok(row: dict) -> bool:
+    """Built, tested and swept; for a patched tree also: the fixed defects are gone."""
+    return bool(row["built"] and row["tests_ok"] and row["parity_ok"] and row.get("patch_ok", True))
 
 
 def table(rows: list[dict]) -> str:
@@ -344,7 +372,8 @@ def timeline(rows: list[dict]) -> list[dict]:
     first spec's beyond tolerance (``disagrees:OP``)."""
     releases: dict[str, dict] = {}
     for r in rows:
-        if r.get("built") and r.get("isa", "native") == "native" and r["ggml_version"] not in releases:
+        if (r.get("built") and r.get("isa", "native") == "native" and not r.get("patched")
+                and r["ggml_version"] not in releases):
             releases[r["ggml_version"]] = r
     order = sorted(releases, key=_version_key)
     seen: dict[str, dict[str, str]] = {}        # finding -> {version: what}
@@ -546,13 +575,14 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
         row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity)
-        ok = row["built"] and row["tests_ok"] and row["parity_ok"]
+        ok = _ok(row)
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "
               f"in {row['seconds']} s (log: {row['log']})", flush=True)
         rows.append(row)
     diff_specs(rows, args.workdir)
     items = timeline(rows)
-    releases = sorted({r["ggml_version"] for r in rows if r.get("built") and r.get("isa") == "native"},
+    releases = sorted({r["ggml_version"] for r in rows if r.get("built") and r.get("isa") == "native"
+                       and not r.get("patched")},
                       key=_version_key)
     print()
     print(table(rows))
@@ -566,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"specs": rows, "timeline": items}, indent=1))
     if args.html and write_html(rows, items, Path(args.html), args.workdir):
         print(f"\nci_upstream: wrote {args.html}")
-    failed = [r["spec"] for r in rows if not (r["built"] and r["tests_ok"] and r["parity_ok"])]
+    failed = [r["spec"] for r in rows if not _ok(r)]
     if failed:
         print(f"\nci_upstream: FAILED: {', '.join(failed)}")
         return 1

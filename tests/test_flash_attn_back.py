@@ -129,7 +129,7 @@ def test_parity_sweep(rng, D, N, M, masked, gqa, ne3):
 
     # the seed's builder, gradients read as views
     with pyggml.Context(64 << 20) as ctx:
-        if ne3 > 1 and KVH < H:
+        if ne3 > 1 and KVH < H and pyggml.defects.present("fab-batch-gqa-oob"):
             with pytest.raises(pyggml.UpstreamDefect, match="writes past its result") as e:
                 build(ctx, q, k, v, d, masked)
             assert e.value.defect == "fab-batch-gqa-oob"
@@ -340,6 +340,8 @@ def run_isolated(code):
 
 
 def test_batch_gqa_defect_is_refused_in_a_subprocess():
+    if not pyggml.defects.present("fab-batch-gqa-oob"):
+        pytest.skip("this ggml's kernel does not overrun (a fixed or patched tree): nothing to refuse")
     out = run_isolated("""
         import numpy as np, pyggml
         D, N, M, ne2, kvne2, ne3 = 16, 6, 6, 4, 2, 2     # the configuration that segfaults upstream
@@ -362,12 +364,13 @@ def test_batch_gqa_defect_probe_measures_the_overrun():
     # the probe pads the result so the kernel's overrun stays in bounds; run isolated anyway
     out = run_isolated("""
         import pyggml
-        print(pyggml.ggml_version(), pyggml.defects.get("fab-batch-gqa-oob").run_probe())
+        print(pyggml.ggml_version(), pyggml.defects.get("fab-batch-gqa-oob").run_probe(),
+              pyggml.build_info()["ggml_source"].startswith("pypi:"))
     """)
-    version, overrun = out.split()
+    version, overrun, published = out.split()
     # grad_v of batch 1 lands at 4*M*D*ne2 = 1536 bytes instead of 4*M*D*kvne2 = 768, and runs
     # (D-1)*4*M + (kvne2-1)*4*M*D + 4*M = 768 bytes past the result's end
-    if version == "0.20.2":
+    if version == "0.20.2" and published == "True":
         assert int(overrun) == 768
     else:
         assert int(overrun) in (0, 768)

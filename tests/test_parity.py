@@ -5,6 +5,7 @@ path that is off is caught."""
 import numpy as np
 import pytest
 
+import pyggml
 from pyggml import reference
 from pyggml.parity import attention as parity
 
@@ -24,6 +25,8 @@ def test_paths_agree_on_small_cases():
 
 
 def test_defect_configuration_is_a_refused_row_not_a_failure():
+    if not pyggml.defects.present("fab-batch-gqa-oob"):
+        pytest.skip("this ggml's kernel does not overrun (a fixed or patched tree)")
     rows = parity.run(SMALL[2:], ["kernel", "autodiff", "reference"])
     kernel_rows = [r for r in rows if "kernel" in (r["a"], r["b"])]
     assert kernel_rows and all(r["refused"] and r["ok"] for r in kernel_rows)

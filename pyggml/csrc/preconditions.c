@@ -161,6 +161,18 @@ int pyggml_checks_enabled(void) {
     return pg_rules_enabled();
 }
 
+/* defects of the kernels that a probe measured absent in the linked ggml (a fixed or
+ * patched release): the rules that refuse them let their nodes through */
+static int fab_batch_gqa_fixed = 0;
+
+int pg_fab_batch_gqa_fixed(void) {
+    return __atomic_load_n(&fab_batch_gqa_fixed, __ATOMIC_RELAXED);
+}
+
+void pyggml_set_fab_batch_gqa_fixed(int fixed) {
+    __atomic_store_n(&fab_batch_gqa_fixed, fixed != 0, __ATOMIC_RELAXED);
+}
+
 int pyggml_checks_set_enabled(int enabled) {
     return __atomic_exchange_n(&rules_enabled, enabled != 0, __ATOMIC_RELAXED);
 }

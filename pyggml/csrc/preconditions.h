@@ -23,6 +23,7 @@ typedef int (*pg_rule)(const struct ggml_tensor * t, pg_why * why);
 
 /* 0 while tests turn the rules off (pyggml_checks_set_enabled): the backward checks too */
 int pg_rules_enabled(void);
+int pg_fab_batch_gqa_fixed(void);   /* the linked ggml measured free of fab-batch-gqa-oob */
 
 int pg_refuse(pg_why * why, const char * fmt, ...)
 #if defined(__GNUC__)

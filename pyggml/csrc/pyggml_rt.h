@@ -187,6 +187,9 @@ PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, 
 /* Testing only: with rules disabled every node reads as PYGGML_UNCHECKED (so graphs are
  * proven in a guarded child); returns the previous setting. */
 PYGGML_RT_API int pyggml_checks_set_enabled(int enabled);
+/* FLASH_ATTN_BACK's batch + GQA overrun (pyggml.defects "fab-batch-gqa-oob") measured
+ * absent in the linked ggml (pyggml._fab probes it at import): its rule lets it through */
+PYGGML_RT_API void pyggml_set_fab_batch_gqa_fixed(int fixed);
 PYGGML_RT_API int pyggml_checks_enabled(void);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);

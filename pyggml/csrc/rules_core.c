@@ -264,7 +264,7 @@ static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
     if (q->ne[0] > lim || q->ne[1] > lim || k->ne[1] > lim || q->ne[2] > lim || k->ne[2] * q->ne[3] > lim) {
         return pg_refuse(why, "shapes too large for the kernel's int indices");
     }
-    if (q->ne[3] > 1 && k->ne[2] < q->ne[2]) {
+    if (q->ne[3] > 1 && k->ne[2] < q->ne[2] && !pg_fab_batch_gqa_fixed()) {
         why->defect = "fab-batch-gqa-oob";
         return pg_refuse(why, "ne3=%lld > 1 with kvne2=%lld < ne2=%lld: the kernel strides grad_k and grad_v "
                          "over ne3 with q's ne2 and writes past its result",
