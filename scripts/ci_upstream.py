@@ -378,6 +378,11 @@ def timeline(rows: list[dict]) -> list[dict]:
     order = sorted(releases, key=_version_key)
     seen: dict[str, dict[str, str]] = {}        # finding -> {version: what}
     kinds: dict[str, str] = {}
+    # what each release measured at all: a release whose probes or sweep did not run is
+    # neither "seen" nor "absent" for those findings
+    measured = {v: {"defect": releases[v].get("defects") is not None,
+                    "sweep": releases[v].get("parity") is not None,
+                    "disagreement": bool((releases[v].get("diff") or {}).get("per_op"))} for v in order}
     for v in order:
         r = releases[v]
         for d, val in (r.get("defects") or {}).items():
@@ -394,14 +399,16 @@ def timeline(rows: list[dict]) -> list[dict]:
     out = []
     for f in sorted(kinds):
         where = seen.get(f, {})
-        first = next((v for v in order if v in where), None)
+        group = {"defect": "defect", "disagreement": "disagreement"}.get(kinds[f], "sweep")
+        tested = [v for v in order if measured[v][group] or v in where]
+        first = next((v for v in tested if v in where), None)
         if first is None:
-            out.append({"id": f, "kind": kinds[f], "first_seen": None, "last_absent": order[-1] if order else None,
+            out.append({"id": f, "kind": kinds[f], "first_seen": None, "last_absent": tested[-1] if tested else None,
                         "absent_again": None, "detail": "not seen in any release"})
             continue
-        k = order.index(first)
-        before = [v for v in order[:k] if v not in where]
-        after = next((v for v in order[k + 1:] if v not in where), None)
+        k = tested.index(first)
+        before = [v for v in tested[:k] if v not in where]
+        after = next((v for v in tested[k + 1:] if v not in where), None)
         out.append({"id": f, "kind": kinds[f], "first_seen": first, "last_absent": before[-1] if before else None,
                     "absent_again": after, "detail": where[first]})
     return out

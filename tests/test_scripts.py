@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def load(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod          # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -340,3 +341,48 @@ def test_bisect_finds_the_first_commit_that_changed(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_upstream.py"), "--bisect", f"src:{repo}",
                           "--good", shas[0]], capture_output=True, text=True)
     assert bad.returncode == 2 and "needs --good REV, --bad REV" in bad.stderr
+
+
+patch = load("patch_upstream")
+
+
+@pytest.fixture
+def ggml_copy(tmp_path):
+    src = ROOT / "vendor" / "ggml"
+    if not (src / "src" / "ggml-cpu").is_dir():
+        pytest.skip("vendor/ggml is not populated (a build populates it)")
+    import shutil
+    dst = tmp_path / "ggml"
+    for rel in ("include", "src/ggml-cpu"):
+        shutil.copytree(src / rel, dst / rel)
+    return dst
+
+
+def test_the_upstream_fixes_edit_only_their_expressions(ggml_copy):
+    files = {p: p.read_text() for p in (ggml_copy / "src" / "ggml-cpu").glob("*.c*")}
+    assert patch.status(ggml_copy) == {"fab-batch-gqa-oob": "not applied", "fab-work-size": "not applied"}
+    assert patch.apply(ggml_copy) == {"fab-batch-gqa-oob": "applied", "fab-work-size": "applied"}
+    assert patch.apply(ggml_copy) == {"fab-batch-gqa-oob": "applied", "fab-work-size": "applied"}  # idempotent
+    changed = {p.name: (before, p.read_text()) for p, before in files.items() if p.read_text() != before}
+    assert set(changed) == {"ops.cpp", "ggml-cpu.c"}
+    for name, (before, after) in changed.items():
+        diff = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+        assert len(before.splitlines()) == len(after.splitlines())
+        assert len(diff) == (2 if name == "ops.cpp" else 1)          # one line per edited expression
+        for a, b in diff:
+            if name == "ops.cpp":                # the k and v batch strides: q's head count becomes k's / v's
+                assert a.replace("neq2", "nek2") == b or a.replace("neq2", "nev2") == b
+            else:                                # the plan: a cache line more per row of S and SM
+                assert "CACHE_LINE_SIZE_F32" in b and "CACHE_LINE_SIZE_F32" not in a
+
+
+def test_an_upstream_tree_that_moved_on_is_not_patched(ggml_copy, tmp_path):
+    ops = ggml_copy / "src" / "ggml-cpu" / "ops.cpp"
+    text = ops.read_text()
+    line = next(ln for ln in text.splitlines() if "nbgk3" in ln and "neq2" in ln)
+    ops.write_text(text + "\n// " + line + "\n")         # the expression twice: ambiguous
+    with pytest.raises(SystemExit, match="fab-batch-gqa-oob: cannot apply"):
+        patch.apply(ggml_copy)
+    assert ops.read_text() == text + "\n// " + line + "\n"  # nothing changed
+    with pytest.raises(SystemExit, match="not a ggml source tree"):
+        patch.status(tmp_path / "nothing")
