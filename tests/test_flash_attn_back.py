@@ -409,8 +409,10 @@ def test_plan_work_size_shortfall_for_small_heads(ctx):
     # ... where ggml_graph_plan asks for less: the defect registry's probe measures it
     shortfall = needed - graph._plan_work_size(4)
     assert pyggml.defects.get("fab-work-size").run_probe() == max(0, shortfall)
-    if pyggml.ggml_version() == "0.20.2":  # the pinned release: 512 bytes planned against 576
-        assert shortfall == 64
+    if pyggml.ggml_version() == "0.20.2" and pyggml.build_info()["ggml_source"].startswith("pypi:"):
+        assert shortfall == 64             # the pinned release as published: 512 bytes planned against 576
+    else:
+        assert shortfall in (0, 64)        # a tree patched by scripts/patch_upstream.py plans enough
 
 
 @pytest.mark.parametrize("n_threads", [3, 4, 8])
