@@ -412,7 +412,7 @@ def test_plan_work_size_shortfall_for_small_heads(ctx):
     if pyggml.ggml_version() == "0.20.2" and pyggml.build_info()["ggml_source"].startswith("pypi:"):
         assert shortfall == 64             # the pinned release as published: 512 bytes planned against 576
     else:
-        assert shortfall in (0, 64)        # a tree patched by scripts/patch_upstream.py plans enough
+        assert shortfall <= 0 or shortfall == 64   # patched (scripts/patch_upstream.py): the plan covers it
 
 
 @pytest.mark.parametrize("n_threads", [3, 4, 8])
