@@ -88,6 +88,7 @@ from pyggml.attention import (
     attention_backward,
     flash_attn_back_grad_tensors,
     flash_attn_back_grads,
+    flash_attn_ext_backward,
 )
 from pyggml import reference
 
@@ -104,7 +105,7 @@ __all__ = [
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",
     "UnsafeForkError", "UpstreamDefect",
     "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
-    "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_set_prec", "ggml_version",
+    "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
     "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",
     *_op_names,

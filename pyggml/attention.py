@@ -14,7 +14,7 @@ from pyggml._fab import flash_attn_back, flash_attn_back_offsets
 from pyggml._graph import Graph
 from pyggml._ops_layout import view_4d
 
-__all__ = ["attention_backward", "flash_attn_back_grad_tensors", "flash_attn_back_grads"]
+__all__ = ["attention_backward", "flash_attn_back_grad_tensors", "flash_attn_back_grads", "flash_attn_ext_backward"]
 
 
 def _fab_parts(result: Tensor):
@@ -170,3 +170,65 @@ def flash_attn_back_end(q4: np.ndarray, k4: np.ndarray, vt4: np.ndarray) -> int:
         return (x + align - 1) // align * align
 
     return pad(4 * q4.size) + pad(4 * k4.size) + pad(4 * vt4.size)
+
+
+def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="group", mask=None, max_bias=0.0,
+                            logit_softcap=0.0, n_threads=None):
+    """flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="group", ...) -> (dq, dk, dv)
+
+    Gradients of ``sum(O * d)`` for the attention ``ggml_flash_attn_ext`` computes,
+    ``O = softmax(scale * Q K^T + mask) V`` (ggml has no backward for that op), computed
+    by ggml's FLASH_ATTN_BACK kernel through :func:`attention_backward`.
+
+    q, d : ``(B, H, N, D)`` (or fewer leading dims, as attention_backward); k, v :
+        ``(B, KVH, M, D)``, float32 or float16 (exact in float32).
+    scale : flash_attn_ext's ``scale`` (default ``1/sqrt(D)``); the kernel's fixed
+        ``1/sqrt(D)`` is met by scaling q, and dq back.
+    masked : the causal mask ggml's flash_attn_ext users pass (key j hidden from query
+        i when ``j > (M - N) + i``).
+    mapping : ``"group"`` (flash_attn_ext's: query head h uses kv head ``h // (H/KVH)``)
+        or ``"tile"`` (``h % KVH``, the kernel's own): the heads are reordered for it.
+
+    What the kernel does not cover raises NotImplementedError, by name: an arbitrary
+    ``mask`` array, ALiBi (``max_bias`` != 0), ``logit_softcap`` != 0, and a v head
+    size other than q's.
+    """
+    if mask is not None:
+        raise NotImplementedError("flash_attn_ext_backward: an arbitrary mask: the FLASH_ATTN_BACK kernel knows "
+                                  "only the causal one (masked=True)")
+    if max_bias != 0.0:
+        raise NotImplementedError("flash_attn_ext_backward: ALiBi (max_bias != 0) is not covered by the "
+                                  "FLASH_ATTN_BACK kernel")
+    if logit_softcap != 0.0:
+        raise NotImplementedError("flash_attn_ext_backward: logit_softcap != 0 is not covered by the "
+                                  "FLASH_ATTN_BACK kernel")
+    if mapping not in ("group", "tile"):
+        raise ValueError(f"mapping must be 'group' or 'tile', not {mapping!r}")
+    q32, d32 = (np.ascontiguousarray(x, np.float32) for x in (q, d))
+    k32, v32 = (np.asarray(x).astype(np.float32, copy=False) for x in (k, v))
+    if np.shape(v32)[-1] != np.shape(q32)[-1]:
+        raise NotImplementedError(f"flash_attn_ext_backward: v's head size {np.shape(v32)[-1]} differs from q's "
+                                  f"{np.shape(q32)[-1]}; the FLASH_ATTN_BACK kernel needs them equal")
+    D = q32.shape[-1]
+    c = 1.0 if scale is None else float(scale) * float(np.sqrt(D))
+    if not np.isfinite(c) or c == 0.0:
+        raise ValueError(f"scale must be finite and non-zero, got {scale!r}")
+    heads = None
+    if q32.ndim >= 3 and mapping == "group":
+        H, KVH = q32.shape[-3], np.shape(k32)[-3]
+        if KVH and H % KVH == 0 and KVH < H:
+            g = H // KVH
+            j = np.arange(H)
+            heads = (j % KVH) * g + j // KVH      # kernel head j <- query head heads[j]: heads[j] // g == j % KVH
+    qk = q32 * np.float32(c) if c != 1.0 else q32
+    if heads is not None:
+        qk, d32 = qk[..., heads, :, :], d32[..., heads, :, :]
+    dq, dk, dv = attention_backward(np.ascontiguousarray(qk), k32, v32, np.ascontiguousarray(d32), masked=masked,
+                                    n_threads=n_threads)
+    if heads is not None:
+        back = np.empty_like(dq)
+        back[..., heads, :, :] = dq
+        dq = back
+    if c != 1.0:
+        dq = dq * np.float32(c)
+    return dq, dk, dv

@@ -38,12 +38,12 @@ def _causal(N: int, M: int) -> np.ndarray:
     return j > (M - N) + i            # True where hidden
 
 
-def _forward(q, k, v, masked, mapping):
+def _forward(q, k, v, masked, mapping, scale=None):
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     H, KVH = q.shape[-3], k.shape[-3]
     idx = kv_heads(H, KVH, mapping)
     kh, vh = k[..., idx, :, :], v[..., idx, :, :]
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
     s = scale * (q @ kh.swapaxes(-1, -2))                 # (..., H, N, M)
     if masked:
         s = np.where(_causal(q.shape[-2], k.shape[-2]), -np.inf, s)
@@ -60,20 +60,22 @@ def _lift(*xs):
     return xs, False
 
 
-def attention_forward(q, k, v, *, masked=False, mapping="tile"):
-    """O = softmax(scale * Q K^T + mask) V in float64, shaped like q."""
+def attention_forward(q, k, v, *, masked=False, mapping="tile", scale=None):
+    """O = softmax(scale * Q K^T + mask) V in float64, shaped like q (``scale``:
+    1/sqrt(D) unless given)."""
     (q, k, v), two_d = _lift(q, k, v)
-    p, _, vh, _, _ = _forward(q, k, v, masked, mapping)
+    p, _, vh, _, _ = _forward(q, k, v, masked, mapping, scale)
     o = p @ vh
     return o[0] if two_d else o
 
 
-def attention_backward(q, k, v, d, *, masked=False, mapping="tile"):
-    """(dq, dk, dv): the gradients of ``sum(O * d)`` in float64."""
+def attention_backward(q, k, v, d, *, masked=False, mapping="tile", scale=None):
+    """(dq, dk, dv): the gradients of ``sum(O * d)`` in float64 (``scale``: 1/sqrt(D)
+    unless given)."""
     (q, k, v, d), two_d = _lift(q, k, v, d)
     if two_d:
-        return tuple(g[0] for g in attention_backward(q, k, v, d, masked=masked, mapping=mapping))
-    p, kh, vh, scale, idx = _forward(q, k, v, masked, mapping)
+        return tuple(g[0] for g in attention_backward(q, k, v, d, masked=masked, mapping=mapping, scale=scale))
+    p, kh, vh, scale, idx = _forward(q, k, v, masked, mapping, scale)
     q64, d64 = np.asarray(q, np.float64), np.asarray(d, np.float64)
     dv_h = p.swapaxes(-1, -2) @ d64                        # (..., H, M, D)
     dp = d64 @ vh.swapaxes(-1, -2)                         # (..., H, N, M)
