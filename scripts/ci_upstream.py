@@ -153,7 +153,9 @@ class Step:
 
 def clean_env() -> dict[str, str]:
     env = dict(os.environ)
-    for var in ("PYGGML_GGML", "PYGGML_GGML_SOURCE_DIR", "CMAKE_PREFIX_PATH", "VIRTUAL_ENV", "PYTHONPATH"):
+    # PYGGML_REQUIRE_BROWSER: .ci/run's, for its own environment (the specs' have no browser driver)
+    for var in ("PYGGML_GGML", "PYGGML_GGML_SOURCE_DIR", "CMAKE_PREFIX_PATH", "VIRTUAL_ENV", "PYTHONPATH",
+                "PYGGML_REQUIRE_BROWSER"):
         env.pop(var, None)
     return env
 
