@@ -299,5 +299,20 @@ static int find_openmp(struct dl_phdr_info * info, size_t size, void * data) {
 }
 
 int pyggml_openmp_loaded(void) {
+    /* what the CPU backend says of itself (its registry features carry OPENMP when
+     * ggml-cpu was built with it); only a ggml without that list is judged by the
+     * libraries loaded, which another library's OpenMP runtime can mislead */
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    ggml_backend_get_features_t get =
+        reg != NULL ? (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features")
+                    : NULL;
+    if (get != NULL) {
+        for (struct ggml_backend_feature * f = get(reg); f != NULL && f->name != NULL; f++) {
+            if (strcmp(f->name, "OPENMP") == 0) {
+                return 1;
+            }
+        }
+        return 0;
+    }
     return dl_iterate_phdr(find_openmp, NULL) != 0;
 }

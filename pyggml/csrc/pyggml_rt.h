@@ -114,8 +114,9 @@ PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 wh
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
 PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);
 
-/* 1 when an OpenMP runtime (libgomp, libomp, libiomp) is loaded in the process: a system
- * ggml's build flags are unknown, its libraries are not */
+/* 1 when the linked ggml-cpu uses OpenMP: a system ggml's build flags are unknown to
+ * CMake, but its CPU backend lists OPENMP among its features (an older one without that
+ * list: an OpenMP runtime, libgomp, libomp or libiomp, is loaded in the process) */
 PYGGML_RT_API int pyggml_openmp_loaded(void);        /* 1: the caller cleans up */
 
 /* --- the forked dry run (a safety net) ---------------------------------------------------
