@@ -1,7 +1,7 @@
 """Type stubs for pyggml._graph."""
 
 import os
-from typing import Any, final
+from typing import final
 
 from typing_extensions import disjoint_base
 

@@ -19,7 +19,6 @@ known upstream defect) or skipped is reported as skipped.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -134,8 +133,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if path and config.getoption("--pyggml-sweep") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Collector(path), "pyggml-sweep-json")
 
-
-def rows_of(path: str) -> list[dict[str, Any]]:
-    """The rows of a --pyggml-sweep-json file."""
-    with open(path) as f:
-        return list(json.load(f)["rows"])

@@ -2,7 +2,6 @@
 saved results and their diff, and the command line."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

@@ -5,7 +5,6 @@ failed test that shows the exit status, not a dead test run."""
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
 from pyggml.opinfo._common import normal
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from pyggml.parity.model import BAD, Case, Outcome, Row, Subject, compare_outputs
+from pyggml.parity.model import BAD, Case, Outcome, Row, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
 __all__ = ["check_case", "run_cases", "select"]
