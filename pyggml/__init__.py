@@ -64,7 +64,7 @@ from pyggml._core import (
 from pyggml._graph import Graph
 from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor
 from pyggml._fab import flash_attn_back, flash_attn_back_offsets
-from pyggml._backend import Backend, GraphAllocator, backends
+from pyggml._backend import Backend, GraphAllocator, Scheduler, backends, compare_graph_backend
 from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
 from pyggml._ops import __all__ as _op_names
 from pyggml.errors import (
@@ -80,6 +80,7 @@ from pyggml.errors import (
     GraphFullError,
     KernelPreconditionError,
     UnsafeForkError,
+    UnsupportedOpError,
     UpstreamDefect,
 )
 from pyggml.defects import known_defects
@@ -99,11 +100,12 @@ except _NotFound:  # pragma: no cover - not installed (a source tree on sys.path
 
 __all__ = [
     "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MAX_SRC", "MEM_ALIGN",
-    "Backend", "Context", "CpuExecutor", "Graph", "GraphAllocator", "Storage", "Tensor", "backends",
+    "Backend", "Context", "CpuExecutor", "Graph", "GraphAllocator", "Scheduler", "Storage", "Tensor", "backends",
+    "compare_graph_backend",
     "GluOp", "Op", "OpPool", "Prec", "ScaleFlag", "ScaleMode", "SortOrder", "TriType", "Type", "UnaryOp",
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort", "GGMLError",
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",
-    "UnsafeForkError", "UpstreamDefect",
+    "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
     "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
     "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",

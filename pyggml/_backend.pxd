@@ -1,8 +1,8 @@
 # cython: language_level=3
-# The Backend, for the training module (pyggml._opt) to cimport.
+# The Backend and the Scheduler, for the training module (pyggml._opt) to cimport.
 
-from pyggml._ggml_backend cimport ggml_backend_t
-from pyggml._graph cimport Executor
+from pyggml._ggml_backend cimport ggml_backend_t, ggml_backend_sched_t
+from pyggml._graph cimport Executor, Graph
 
 
 cdef class Backend(Executor):
@@ -13,3 +13,15 @@ cdef class Backend(Executor):
     cdef bint _use_ref
     cdef int _users             # schedulers over this backend: it cannot be freed while they live
     cdef int _need_open(self) except -1
+    cdef int _prepare(self, Graph graph, int n) except -1
+    cdef int _check_supported(self, Graph graph) except -1
+
+
+cdef class Scheduler:
+    cdef ggml_backend_sched_t ptr       # ggml-opt's (an Optimizer's); graphs get their own
+    cdef readonly tuple backends
+    cdef Backend cpu
+    cdef size_t graph_size
+    cdef object _current                # the _SchedAllocation of the last alloc_graph
+    cdef list _registered               # [(context, storage)] of it
+    cdef int _check_nodes(self, Graph graph) except -1

@@ -17,6 +17,7 @@ cdef class Storage:
     cdef void * buffer          # ggml_backend_buffer_t this Storage owns, or NULL
     cdef readonly bint host     # the CPU can read ptr (a pool, or a host buffer)
     cdef object owner           # not None: the memory is owner's (a graph allocator's), freed with it
+    cdef size_t buffer_key      # the backend buffer an owner's Storage lies in (its address), or 0
     cdef object __weakref__
     cdef bint contains(self, const void * p, size_t nbytes)
     cdef int _alloc(self, size_t size) except -1

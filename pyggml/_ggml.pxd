@@ -123,6 +123,7 @@ cdef extern from "_compat.h" nogil:
     size_t ggml_row_size(ggml_type type, int64_t ne)
     const char * ggml_type_name(ggml_type type)
     const char * ggml_op_name(ggml_op op)
+    const char * ggml_op_desc(const ggml_tensor * t)
     const char * ggml_unary_op_name(ggml_unary_op op)
     const char * ggml_glu_op_name(ggml_glu_op op)
     bint ggml_is_quantized(ggml_type type)

@@ -68,9 +68,28 @@ cdef extern from "_compat.h" nogil:
     ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends, ggml_backend_buffer_type_t * bufts,
                                                 int n_backends, size_t graph_size, bint parallel, bint op_offload)
     void ggml_backend_sched_free(ggml_backend_sched_t sched)
+    ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched, ggml_cgraph * graph)
+    int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched)
+    ggml_backend_t ggml_backend_sched_get_tensor_backend(ggml_backend_sched_t sched, ggml_tensor * node)
+    bint ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft)
 
 cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr * galloc, ggml_cgraph * graph, int * ok)
+    int pyggml_try_sched_alloc_graph(pyggml_guard * g, ggml_backend_sched * sched, ggml_cgraph * graph, int * ok)
+    ctypedef struct pyggml_node_cmp:
+        int index
+        int compared
+        double nmse
+        double max_abs
+        int64_t n
+    ctypedef struct pyggml_graph_cmp:
+        pyggml_node_cmp * rows
+        int n_rows
+        double tolerance
+        int stop_at_first
+        int first_diverging
+        int failed
+    int pyggml_compare_graph(ggml_backend * b1, ggml_backend * b2, ggml_cgraph * graph, pyggml_graph_cmp * state)
 
     # the CPU backend
     ggml_backend_t ggml_backend_cpu_init()

@@ -4,20 +4,15 @@ from typing import Any, Callable, final
 
 import numpy as np
 
-from pyggml._backend import Backend
+from pyggml._backend import Scheduler
 from pyggml._core import Context, Tensor, Type
 
-__all__ = ["Dataset", "Optimizer", "Result", "Scheduler", "LOSSES", "OPTIMIZERS"]
+__all__ = ["Dataset", "Optimizer", "Result", "LOSSES", "OPTIMIZERS"]
 
 LOSSES: dict[str, int]
 OPTIMIZERS: dict[str, int]
 DEFAULTS: dict[str, dict[str, float]]
 PROOF_TIMEOUT_S: float
-
-@final
-class Scheduler:
-    backends: tuple[Backend, ...]
-    def __new__(cls, backends: Any, graph_size: int = 2048) -> Scheduler: ...
 
 @final
 class Dataset:

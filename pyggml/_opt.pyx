@@ -1,7 +1,7 @@
 # cython: language_level=3, embedsignature=True
 """pyggml._opt: training with ggml-opt (ggml-opt.h) over ggml's scheduler.
 
-A :class:`Scheduler` spreads graphs over backends (``ggml_backend_sched``); a
+An Optimizer trains over a :class:`pyggml.Scheduler` (``ggml_backend_sched``); a
 :class:`Dataset` holds data points and labels in host memory (numpy views); an
 :class:`Optimizer` is ``ggml_opt_init`` with static graphs for a model whose forward
 graph maps ``inputs`` ([ne_datapoint, batch]) to ``outputs`` ([ne_label, batch]):
@@ -24,7 +24,7 @@ from pyggml._ggml_backend cimport *
 from pyggml._ggml_opt cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport Context, Tensor, need_open
-from pyggml._backend cimport Backend
+from pyggml._backend cimport Backend, Scheduler
 from pyggml._graph cimport Graph
 
 import threading
@@ -36,7 +36,7 @@ from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, Upstream
 
 cnp.import_array()
 
-__all__ = ["Dataset", "Optimizer", "Result", "Scheduler", "LOSSES", "OPTIMIZERS"]
+__all__ = ["Dataset", "Optimizer", "Result", "LOSSES", "OPTIMIZERS"]
 
 LOSSES = {"mean": GGML_OPT_LOSS_TYPE_MEAN, "sum": GGML_OPT_LOSS_TYPE_SUM,
           "cross_entropy": GGML_OPT_LOSS_TYPE_CROSS_ENTROPY, "mse": GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR}
@@ -44,61 +44,6 @@ OPTIMIZERS = {"adamw": GGML_OPT_OPTIMIZER_TYPE_ADAMW, "sgd": GGML_OPT_OPTIMIZER_
 DEFAULTS = {"adamw": {"alpha": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "wd": 0.0},
             "sgd": {"alpha": 1e-3, "wd": 0.0}}
 PROOF_TIMEOUT_S = 600.0
-# ggml_backend_sched_new asserts n_backends <= GGML_SCHED_MAX_BACKENDS, which only
-# ggml-backend.cpp defines (16 in every release pyggml builds against)
-cdef int _MAX_BACKENDS = 16
-
-
-@cython.final
-cdef class Scheduler:
-    """Scheduler(backends, graph_size=2048)
-
-    ``ggml_backend_sched`` over ``backends`` (a list of :class:`~pyggml.Backend`, the
-    CPU backend last, as ggml requires). The backends cannot be closed while it lives."""
-
-    cdef ggml_backend_sched_t ptr
-    cdef readonly tuple backends
-    cdef Backend cpu
-
-    def __cinit__(self, backends, graph_size=2048):
-        self.ptr = NULL
-        bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
-        if not bs or not all(isinstance(b, Backend) for b in bs):
-            raise ArgumentError("Scheduler: backends must be a non-empty list of pyggml.Backend")
-        if len(bs) > _MAX_BACKENDS:
-            raise ArgumentError(f"Scheduler: at most {_MAX_BACKENDS} backends")
-        if len(set(map(id, bs))) != len(bs):
-            raise ArgumentError("Scheduler: a backend is listed twice")
-        cdef Backend b
-        for b in bs:
-            b._need_open()
-        if not (<Backend>bs[-1]).is_cpu:
-            raise ArgumentError("Scheduler: the last backend must be the CPU backend (ggml's fallback)")
-        if type(graph_size) is not int or not 16 <= graph_size <= (1 << 24):
-            raise ArgumentError(f"Scheduler: graph_size must be an int in [16, 2**24], got {graph_size!r}")
-        cdef ggml_backend_t ptrs[16]
-        for i, b in enumerate(bs):
-            ptrs[i] = b.ptr
-        self.ptr = ggml_backend_sched_new(ptrs, NULL, len(bs), graph_size, False, True)
-        if self.ptr == NULL:
-            raise MemoryError("Scheduler: ggml_backend_sched_new failed")
-        for b in bs:
-            b._users += 1
-        self.backends = bs
-        self.cpu = bs[-1]
-
-    def __dealloc__(self):
-        cdef Backend b
-        if self.ptr != NULL:
-            ggml_backend_sched_free(self.ptr)
-            self.ptr = NULL
-            for b in self.backends:
-                b._users -= 1
-
-    def __repr__(self):
-        return f"<pyggml.Scheduler over {', '.join(b.name for b in self.backends)}>"
-
-
 @cython.final
 cdef class Dataset:
     """Dataset(ndata, ne_datapoint, ne_label=0, type_data=Type.F32, type_label=Type.F32, ndata_shard=1)

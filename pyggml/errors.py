@@ -26,7 +26,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError",
-    "KernelPreconditionError", "UnsafeForkError", "UpstreamDefect",
+    "KernelPreconditionError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
 ]
 
 
@@ -87,6 +87,16 @@ class UpstreamDefect(GGMLError, ValueError):
 
 class GGMLVersionError(GGMLError, NotImplementedError):
     """The linked ggml lacks this op or feature (too old, or changed its signature)."""
+
+
+class UnsupportedOpError(GGMLError, NotImplementedError):
+    """A backend cannot compute a node of the graph (``ggml_backend_supports_op`` is
+    false; ggml's backends abort on such a node). ``.op`` is the node's op name,
+    ``.node`` its tensor name, ``.backend`` the backend's."""
+
+    def __init__(self, message: str, op: str = "", node: str = "", backend: str = ""):
+        super().__init__(message)
+        self.op, self.node, self.backend = op, node, backend
 
 
 class GraphBusyError(GGMLError, RuntimeError):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pyggml._opt import LOSSES, OPTIMIZERS, Dataset, Optimizer, Result, Scheduler
+from pyggml._backend import Scheduler
+from pyggml._opt import LOSSES, OPTIMIZERS, Dataset, Optimizer, Result
 
 __all__ = ["LOSSES", "OPTIMIZERS", "Dataset", "Epoch", "Optimizer", "Result", "Scheduler", "fit"]
 

@@ -24,7 +24,7 @@ def test_the_registry_lists_the_cpu_device():
 
 
 def test_backend_arguments_are_checked():
-    with pytest.raises(ArgumentError, match="no device named 'nonesuch'.*devices: CPU"):
+    with pytest.raises(ArgumentError, match="no device named 'nonesuch'.*devices: (.*, )?CPU"):
         pyggml.Backend("nonesuch")
     with pytest.raises(ArgumentError, match="name must be a str"):
         pyggml.Backend(3)

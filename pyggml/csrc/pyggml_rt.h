@@ -200,6 +200,32 @@ struct ggml_gallocr;
 /* ggml_gallocr_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
 PYGGML_RT_API int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, struct ggml_gallocr * galloc,
                                                  struct ggml_cgraph * graph, int * ok);
+/* ggml_backend_compare_graph_backend, node by node: each compared node's row (the
+ * second backend's result against the first's, after converting both to float) */
+typedef struct {
+    int index;             /* the node's index in the graph */
+    int compared;          /* 0: not compared (a layout the comparison does not read) */
+    double nmse;           /* sum((b - a)^2) / sum(a^2), a the first backend's */
+    double max_abs;
+    int64_t n;             /* elements compared */
+} pyggml_node_cmp;
+typedef struct {
+    pyggml_node_cmp * rows;   /* caller-allocated, one per node */
+    int n_rows;
+    double tolerance;         /* a node with nmse > tolerance diverges */
+    int stop_at_first;        /* stop after the first diverging node */
+    int first_diverging;      /* its index, or -1 */
+    int failed;               /* 1: could not read a tensor (out of memory) */
+} pyggml_graph_cmp;
+struct ggml_backend;
+/* 1 done, 0 ggml could not copy the graph to the second backend, -1 this ggml has no
+ * ggml_backend_compare_graph_backend of the signature pyggml binds */
+PYGGML_RT_API int pyggml_compare_graph(struct ggml_backend * b1, struct ggml_backend * b2, struct ggml_cgraph * graph,
+                                       pyggml_graph_cmp * state);
+struct ggml_backend_sched;
+/* ggml_backend_sched_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
+PYGGML_RT_API int pyggml_try_sched_alloc_graph(pyggml_guard * g, struct ggml_backend_sched * sched,
+                                               struct ggml_cgraph * graph, int * ok);
 
 /* ggml-opt: the optimizer-parameter callback (returns *(struct ggml_opt_optimizer_params *)
  * userdata), and a forked dry run of ggml_opt_init + one training batch of dataset */

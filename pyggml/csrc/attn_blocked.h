@@ -1,0 +1,63 @@
+/* Blocked (FlashAttention-2 style) scaled-dot-product attention BACKWARD on the CPU, float32.
+ *
+ * Computes dQ, dK, dV of  O = softmax(scale * Q K^T [+ causal mask]) V  given dO, without ever
+ * materialising the N x M attention matrix: work is done on Br x Bc tiles, P is recomputed per
+ * tile from the per-row log-sum-exp, and memory is linear in N and M.  See attn_blocked.c for
+ * the algorithm, the threading design and the determinism guarantees.
+ *
+ * Results are bitwise identical for any thread count and whether or not a barrier is given
+ * (on a given machine and code path; the AVX2/FMA path and the portable path differ in the
+ * last bits). */
+#ifndef PYGGML_ATTN_BLOCKED_H
+#define PYGGML_ATTN_BLOCKED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int64_t D, N, M, H, KVH, B;   /* head size, queries, keys, query heads, kv heads, batch */
+    float scale;                  /* softmax scale, usually 1/sqrt(D) */
+    int masked;                   /* bottom-right causal: key j hidden from query i when j > (M - N) + i  (M >= N) */
+    int grouping;                 /* 0: query head h uses kv head h % KVH ; 1: h / (H / KVH) (PyTorch enable_gqa) */
+    const float *q, *k, *v, *d;   /* C-contiguous: q, d: [B][H][N][D]; k, v: [B][KVH][M][D]; d = dL/dO */
+    const float *lse;             /* optional [B][H][N]: log(sum_j exp(scale*q_i.k_j)) over unmasked j (natural log), or NULL */
+    const float *o;               /* optional [B][H][N][D]: forward output O (needed with lse to skip the recompute), or NULL */
+    float *dq, *dk, *dv;          /* outputs, C-contiguous like q, k, v; fully overwritten */
+} pyggml_attn_bwd;
+/* Preconditions (not checked by _run; _compute checks them and returns 1):
+ *   D, N, M, H, KVH, B >= 1;  H % KVH == 0;  M >= N when masked;  outputs do not alias inputs.
+ * lse and o are only used when BOTH are non-NULL; otherwise the row statistics are recomputed. */
+
+typedef void (*pyggml_barrier_fn)(void *barrier_ctx);
+
+/* Bytes of scratch the run needs for n_threads threads (caller allocates, 64-byte aligned).
+ * It is an upper bound valid whether or not a barrier is passed to _run. */
+size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads);
+
+/* Thread ith of nth runs its share. All nth threads are called with the same work pointer
+ * (of at least pyggml_attn_bwd_work_size(a, nth) bytes, 64-byte aligned).
+ * barrier may be NULL: then every thread finishes alone (no cross-thread reduction), with
+ * parallelism over (batch, kv-head) pairs.  With a barrier, grouped-query problems that have
+ * fewer (batch, kv-head) pairs than threads are also split over query heads (one barrier call
+ * per thread, then a fixed-order reduction of dK/dV). */
+void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
+                         pyggml_barrier_fn barrier, void *barrier_ctx);
+
+/* Convenience: runs n_threads threads itself with pthreads (for tests/benchmarks).
+ * 0 ok, 1 invalid arguments, 2 allocation error, 3 thread creation error. */
+int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_threads);
+
+/* Testing hook (added): 0 = pick the code path at run time (AVX2+FMA when the CPU has it),
+ * 1 = force the portable path.  Returns the path now in use: 1 portable, 2 AVX2+FMA.
+ * Not thread-safe against concurrent runs; call it before starting any. */
+int pyggml_attn_bwd_set_isa(int force_portable);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PYGGML_ATTN_BLOCKED_H */
