@@ -80,6 +80,22 @@ ISAS: dict[str, tuple[str, ...]] = {
 }
 
 
+# backends a source build can add (pyggml's CMake options), as a spec suffix: vendored+blas
+BACKENDS = {"blas": "PYGGML_BLAS", "cuda": "PYGGML_CUDA", "vulkan": "PYGGML_VULKAN", "metal": "PYGGML_METAL"}
+
+
+def split_backends(spec: str) -> tuple[str, tuple[str, ...]]:
+    """("vendored+blas") -> ("vendored", ("blas",)); the suffixes must end the spec (a
+    path may hold a '+')."""
+    found: list[str] = []
+    while True:
+        base, plus, name = spec.rpartition("+")
+        if not plus or name not in BACKENDS:
+            return spec, tuple(reversed(found))
+        found.append(name)
+        spec = base
+
+
 def split_isa(spec: str) -> tuple[str, str]:
     """("vendored@avx2") -> ("vendored", "avx2"); no suffix -> (spec, "")."""
     base, at, isa = spec.rpartition("@")
@@ -87,9 +103,23 @@ def split_isa(spec: str) -> tuple[str, str]:
         return spec, ""
     if isa not in ISAS:
         raise SystemExit(f"ci_upstream: {spec}: unknown ISA {isa!r} (known: {', '.join(ISAS)})")
-    if not (base in ("vendored", "patched:vendored") or base.startswith(("src:", "patched:src:"))):
+    if not _is_source(base):
         raise SystemExit(f"ci_upstream: {spec}: only a source build (vendored, src:) can choose its ISA")
     return base, isa
+
+
+def _is_source(spec: str) -> bool:
+    base, _ = split_backends(spec)
+    return base in ("vendored", "patched:vendored") or base.startswith(("src:", "patched:src:"))
+
+
+def build_defines(spec: str) -> dict[str, str]:
+    """The CMake definitions of a spec's build: its ISA's and its backends'."""
+    base, isa = split_isa(spec)
+    _, backends = split_backends(base)
+    if backends and not _is_source(base):
+        raise SystemExit(f"ci_upstream: {spec}: only a source build (vendored, src:) can add backends")
+    return {**isa_defines(isa), **{BACKENDS[b]: "ON" for b in backends}}
 
 
 def isa_defines(isa: str) -> dict[str, str]:
@@ -115,6 +145,7 @@ def slug(spec: str) -> str:
 
 def parse_spec(spec: str) -> tuple[str, str]:
     spec, _ = split_isa(spec)
+    spec, _ = split_backends(spec)
     kind, _, arg = spec.partition(":")
     if kind == "patched":
         inner, inner_arg = parse_spec(arg) if arg else ("", "")
@@ -155,7 +186,7 @@ def clean_env() -> dict[str, str]:
     env = dict(os.environ)
     # PYGGML_REQUIRE_BROWSER: .ci/run's, for its own environment (the specs' have no browser driver)
     for var in ("PYGGML_GGML", "PYGGML_GGML_SOURCE_DIR", "CMAKE_PREFIX_PATH", "VIRTUAL_ENV", "PYTHONPATH",
-                "PYGGML_REQUIRE_BROWSER"):
+                "PYGGML_REQUIRE_BROWSER", "PYGGML_REQUIRE_BACKENDS", *BACKENDS.values()):
         env.pop(var, None)
     return env
 
@@ -199,11 +230,15 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
                 return row
             env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=str(tree))
         install = [py, "-m", "pip", "install", "-C", f"build-dir={out / 'build'}", f"{ROOT}[test]"]
-        for k, v in isa_defines(isa).items():
+        defines = build_defines(spec)
+        for k, v in defines.items():
             install[4:4] = ["-C", f"cmake.define.{k}={v}"]
+        # the backends asked for must be there, and their tests must run, not skip
+        env["PYGGML_REQUIRE_BACKENDS"] = ",".join(b.upper() for b in split_backends(split_isa(spec)[0])[1])
         if step.run(install, env=env).returncode:
             return row
-        info = step.run([py, "-c", "import json, pyggml; print(json.dumps(pyggml.build_info()))"],
+        info = step.run([py, "-c", "import json, pyggml; "
+                         "print(json.dumps({**pyggml.build_info(), 'backends': pyggml.backends()}))"],
                         env=env, cwd=out)
         if info.returncode:
             return row
@@ -211,6 +246,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         row["ggml_version"] = build["ggml_version"]
         row["ggml_source"] = build["ggml_source"]
         row["isa"] = isa or "native"
+        row["backends"] = [d["name"] for d in build.get("backends", [])]
         row["built"] = True
         tests = step.run([venv / "bin" / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
                          env=env, cwd=ROOT)

@@ -280,6 +280,19 @@ def test_isa_variants_are_ggml_options():
     assert any("@" in s for s in ci.DEFAULT_SPECS) and sum(s.startswith("pypi:") for s in ci.DEFAULT_SPECS) >= 8
 
 
+def test_backend_suffixes_are_pyggml_options():
+    assert ci.split_backends("vendored+blas") == ("vendored", ("blas",))
+    assert ci.split_backends("src:/x/ggml-org+ggml/repo") == ("src:/x/ggml-org+ggml/repo", ())
+    assert ci.split_backends("src:/x/a+b+blas") == ("src:/x/a+b", ("blas",))
+    assert ci.parse_spec("vendored+blas@avx2") == ("vendored", "")
+    assert ci.parse_spec("patched:vendored+blas") == ("patched", "")
+    d = ci.build_defines("vendored+blas@avx2")
+    assert d["PYGGML_BLAS"] == "ON" and d["GGML_AVX2"] == "ON" and d["PYGGML_NATIVE"] == "OFF"
+    assert ci.build_defines("vendored") == {}
+    with pytest.raises(SystemExit, match="only a source build"):
+        ci.build_defines("pypi:libggml-python==0.17.0+blas")
+
+
 def _spec(version, isa="native", defects=None, found=None, per_op=None):
     return dict(spec=f"v{version}{'' if isa == 'native' else '@' + isa}", ggml_version=version, built=True, isa=isa,
                 defects=defects or {}, parity={"counts": {}, "ops": {}, "found": found or {}},

@@ -58,6 +58,7 @@ def _mul_mat_samples(rng, t):
         B3 = 3 if K == 64 else 1
         yield Sample((Arg(gen(rng, (2, M, K)), t), Arg(gen(rng, (B3, 2, 2, K)), Type.F32, "permuted", (0, 2, 1, 3))),
                      "b permuted (dims 1, 2)")
+        yield from _blas_sized(rng, t, K, gen)
         return
     # the first three F32 samples are the gradient check's (contiguous; no dim-3 broadcast)
     for bt in btypes:
@@ -75,6 +76,17 @@ def _mul_mat_samples(rng, t):
                  "a permuted (dims 1, 2)")
     yield Sample((Arg(normal(rng, (2, 3, 5)), t, "strided"), Arg(normal(rng, (2, 4, 5)), t, "strided")),
                  "a and b strided")
+    yield from _blas_sized(rng, t, 64, normal)
+
+
+def _blas_sized(rng, t, K, gen):
+    """Products of at least 32 in each of M, N and K: the ones ggml's BLAS backend takes
+    (smaller ones it leaves to the CPU), so a BLAS build's ``backend:BLAS`` path has
+    matrix products to compute."""
+    yield Sample((Arg(gen(rng, (40, K)), t), Arg(gen(rng, (36, K)))), f"BLAS-sized (40,{K}) x (36,{K})")
+    if not t.is_quantized:
+        yield Sample((Arg(gen(rng, (2, 33, K)), t), Arg(gen(rng, (2, 2, 32, K)))),
+                     "BLAS-sized, broadcast dims 2 and 3")
 
 
 def ref_mul_mat_id(a, b, ids):

@@ -14,7 +14,7 @@ import numpy as np
 
 import pyggml
 from pyggml import Type
-from pyggml.errors import GGMLError, GGMLVersionError, UpstreamDefect
+from pyggml.errors import GGMLError, GGMLVersionError, UnsupportedOpError, UpstreamDefect
 from pyggml.opinfo import Arg, OpInfo, Sample, registry
 from pyggml.opinfo import harness
 from pyggml.parity import torch_ops
@@ -52,7 +52,7 @@ class OpSubject(Subject):
         self.name = f"op:{info.op}"
         self.op = info.op
         self.probe = probe
-        self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") +
+        self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") + device_paths() +
                                (("torch",) if torch_ops.has(info.op) else ()))
 
     @property
@@ -93,11 +93,15 @@ class OpSubject(Subject):
                     # a defect's sample may lie outside what the reference models
                     return Outcome(verdict="refused", detail=f"the sample of the defect {s.defect}, which the "
                                    f"reference does not model ({type(e).__name__}: {e})", defect=s.defect)
-            if path == "cpu-backend":
+            if path == "cpu-backend" or path.startswith("backend:"):
                 if any(isinstance(a, pyggml.Tensor) for a in s.args):
-                    return Outcome(verdict="skipped", detail="cpu-backend: the sample passes a ready tensor of a "
+                    return Outcome(verdict="skipped", detail=f"{path}: the sample passes a ready tensor of a "
                                                              "context pool, which no backend buffer holds")
-                return Outcome([harness.compute_on_backend(self.info, s, _backend(n_threads))])
+                be = _backend(n_threads) if path == "cpu-backend" else _device(path.partition(":")[2])
+                try:
+                    return Outcome([harness.compute_on_backend(self.info, s, be)])
+                except UnsupportedOpError as e:      # ggml_backend_supports_op: not this backend's op
+                    return Outcome(verdict="skipped", detail=f"{path}: {e}")
             if path == "torch":
                 if Type[case.type] != Type.F32:
                     return Outcome(verdict="skipped", detail="the torch path takes F32 samples")
@@ -252,20 +256,32 @@ def _backend(n_threads: int) -> pyggml.Backend:
     return pyggml.Backend("CPU", n_threads=n_threads)
 
 
+def device_paths() -> tuple[str, ...]:
+    """``backend:NAME`` for each device of the linked ggml other than the CPU (the BLAS
+    backend of a PYGGML_BLAS build, a GPU): every registry op runs on it where its
+    ``supports_op`` says it can (``skipped`` elsewhere), judged by the reference."""
+    return tuple(f"backend:{d['name']}" for d in pyggml.backends() if d["type"] != "cpu")
+
+
+@functools.lru_cache(maxsize=8)
+def _device(name: str) -> pyggml.Backend:
+    return pyggml.Backend(name)
+
+
 def register_path(name: str, compute: Callable[[OpInfo, Sample, int], Any], ops: Iterable[str] | None = None) -> None:
     """Add a path of your own to the registry ops (those matching the globs ``ops``; all
     if None): ``compute(info, sample, n_threads)`` returns the op's result for the
     sample, as the reference's array (a GGMLError it raises becomes that row's verdict).
     For example another build of ggml, a backend, or a kernel of your own. Register it
     at import time of a module, as with :func:`register_subject`."""
-    if not name or name in BUILTIN_PATHS:
+    if not name or name in BUILTIN_PATHS or name.startswith("backend:"):
         raise ValueError(f"a path needs a name of its own, not one of {', '.join(BUILTIN_PATHS)}")
     _USER_PATHS[name] = (compute, tuple(ops) if ops is not None else None)
 
 
 def path_names() -> tuple[str, ...]:
     """Every path a subject may have: the built-in ones and the registered ones."""
-    return BUILTIN_PATHS + tuple(_USER_PATHS)
+    return BUILTIN_PATHS + device_paths() + tuple(_USER_PATHS)
 
 
 def register_subject(s: Subject) -> Subject:
