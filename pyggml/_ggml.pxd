@@ -13,6 +13,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_GGML_VERSION
         PYGGML_HAVE_FLASH_ATTN_BACK
         PYGGML_HAVE_USE_REF
+        PYGGML_HAVE_CUSTOM_4D
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:

@@ -75,3 +75,30 @@ cdef extern from "pyggml_rt.h" nogil:
     void pyggml_async_abort(pyggml_async * a)
     int pyggml_async_handoff(pyggml_async * a)
     int pyggml_openmp_loaded()
+
+
+# the blocked attention backward (csrc/attn_blocked.h) and its graph node (csrc/attn_node.c)
+cdef extern from "attn_blocked.h" nogil:
+    ctypedef struct pyggml_attn_bwd:
+        int64_t D, N, M, H, KVH, B
+        float scale
+        int masked
+        int grouping
+        const float * q
+        const float * k
+        const float * v
+        const float * d
+        const float * lse
+        const float * o
+        float * dq
+        float * dk
+        float * dv
+    int pyggml_attn_bwd_compute(const pyggml_attn_bwd * a, int n_threads)
+    int pyggml_attn_bwd_set_isa(int force_portable)
+
+cdef extern from "pyggml_rt.h" nogil:
+    void pyggml_attn_bwd_offsets(const ggml_tensor * q, const ggml_tensor * k, int64_t * offs)
+    void pyggml_attn_bwd_probe(ggml_tensor * probe, ggml_tensor ** srcs, int n_srcs, float scale, int masked,
+                               int grouping)
+    ggml_tensor * pyggml_attn_bwd_node(ggml_context * ctx, ggml_tensor ** srcs, int n_srcs, float scale, int masked,
+                                       int grouping)

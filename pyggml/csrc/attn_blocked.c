@@ -548,6 +548,36 @@ static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
 
 /* --------------------------------------- driver ------------------------------------------- */
 
+/* group mode: thread ith of nth takes the (batch, kv head) pairs u = ith, ith + nth, ...
+ * and, for each, every query head of its group in order: it alone writes their dK, dV
+ * and dQ rows (no reduction across threads). */
+static void run_groups(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                       int ith, int nth) {
+    const i64 B = a->B, KVH = a->KVH, G = g->G, M = g->M, D = g->D;
+    for (i64 u = ith; u < B * KVH; u += nth) {
+        const i64 b = u / KVH, c = u % KVH;
+        prep_kv(a, g, tw, b, c);
+        float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
+        for (i64 gi = 0; gi < G; gi++) {
+            const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
+            head_pass(a, g, kr, tw, b, h, dk, dv, gi > 0);
+        }
+    }
+}
+
+size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a) {
+    pgab_geom g;
+    geom_init(&g, a, 1);
+    return g.per_thread * sizeof(float) + 64;
+}
+
+void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work) {
+    pgab_geom g;
+    geom_init(&g, a, nth);
+    const pgab_kernels kr = pick_kernels();
+    run_groups(a, &g, &kr, (float *)thread_work, ith, nth);
+}
+
 void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
                          pyggml_barrier_fn barrier, void *barrier_ctx) {
     pgab_geom g;
@@ -558,15 +588,7 @@ void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
     const int head_mode = barrier != NULL && head_mode_possible(a, nth);
 
     if (!head_mode) {
-        for (i64 u = ith; u < B * KVH; u += nth) {
-            const i64 b = u / KVH, c = u % KVH;
-            prep_kv(a, &g, tw, b, c);
-            float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
-            for (i64 gi = 0; gi < G; gi++) {
-                const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
-                head_pass(a, &g, &kr, tw, b, h, dk, dv, gi > 0);
-            }
-        }
+        run_groups(a, &g, &kr, tw, ith, nth);
         return;
     }
 

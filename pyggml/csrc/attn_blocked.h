@@ -18,6 +18,13 @@
 extern "C" {
 #endif
 
+/* exported from libpyggml_rt (built with hidden visibility) for the extension modules */
+#if defined(__GNUC__)
+#define PYGGML_ATTN_API __attribute__((visibility("default")))
+#else
+#define PYGGML_ATTN_API
+#endif
+
 typedef struct {
     int64_t D, N, M, H, KVH, B;   /* head size, queries, keys, query heads, kv heads, batch */
     float scale;                  /* softmax scale, usually 1/sqrt(D) */
@@ -36,7 +43,7 @@ typedef void (*pyggml_barrier_fn)(void *barrier_ctx);
 
 /* Bytes of scratch the run needs for n_threads threads (caller allocates, 64-byte aligned).
  * It is an upper bound valid whether or not a barrier is passed to _run. */
-size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads);
+PYGGML_ATTN_API size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads);
 
 /* Thread ith of nth runs its share. All nth threads are called with the same work pointer
  * (of at least pyggml_attn_bwd_work_size(a, nth) bytes, 64-byte aligned).
@@ -44,17 +51,23 @@ size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads);
  * parallelism over (batch, kv-head) pairs.  With a barrier, grouped-query problems that have
  * fewer (batch, kv-head) pairs than threads are also split over query heads (one barrier call
  * per thread, then a fixed-order reduction of dK/dV). */
-void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
+PYGGML_ATTN_API void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
                          pyggml_barrier_fn barrier, void *barrier_ctx);
+
+/* The same as _run with barrier NULL, for callers that give each thread its own scratch
+ * (a ggml custom op's threads, which share no buffer): ``thread_work`` is this thread's,
+ * of pyggml_attn_bwd_thread_work_size(a) bytes, 64-byte aligned. */
+PYGGML_ATTN_API size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a);
+PYGGML_ATTN_API void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work);
 
 /* Convenience: runs n_threads threads itself with pthreads (for tests/benchmarks).
  * 0 ok, 1 invalid arguments, 2 allocation error, 3 thread creation error. */
-int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_threads);
+PYGGML_ATTN_API int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_threads);
 
 /* Testing hook (added): 0 = pick the code path at run time (AVX2+FMA when the CPU has it),
  * 1 = force the portable path.  Returns the path now in use: 1 portable, 2 AVX2+FMA.
  * Not thread-safe against concurrent runs; call it before starting any. */
-int pyggml_attn_bwd_set_isa(int force_portable);
+PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force_portable);
 
 #ifdef __cplusplus
 }

@@ -87,3 +87,7 @@ typedef struct pg_named_rule {
     const char * name;
     pg_rule rule;
 } pg_named_rule;
+
+/* the blocked attention backward node (attn_node.c), for the GGML_OP_CUSTOM rule */
+int pyggml_is_attn_bwd_node(const struct ggml_tensor * t);
+int pyggml_attn_bwd_check(const struct ggml_tensor * t, pg_why * why);

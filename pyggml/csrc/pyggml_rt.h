@@ -222,6 +222,16 @@ struct ggml_backend;
  * ggml_backend_compare_graph_backend of the signature pyggml binds */
 PYGGML_RT_API int pyggml_compare_graph(struct ggml_backend * b1, struct ggml_backend * b2, struct ggml_cgraph * graph,
                                        pyggml_graph_cmp * state);
+/* The blocked attention backward as a graph node (attn_node.c): a GGML_OP_CUSTOM node
+ * over srcs q, k, v, d[, lse, o] whose F32 result packs dq, dk, dv at the float offsets
+ * pyggml_attn_bwd_offsets gives (offs[3]: the result's length). Check the node first:
+ * fill a probe with pyggml_attn_bwd_probe and run the rules on it. */
+PYGGML_RT_API void pyggml_attn_bwd_offsets(const struct ggml_tensor * q, const struct ggml_tensor * k,
+                                           int64_t offs[4]);
+PYGGML_RT_API void pyggml_attn_bwd_probe(struct ggml_tensor * probe, struct ggml_tensor ** srcs, int n_srcs,
+                                         float scale, int masked, int grouping);
+PYGGML_RT_API struct ggml_tensor * pyggml_attn_bwd_node(struct ggml_context * ctx, struct ggml_tensor ** srcs,
+                                                        int n_srcs, float scale, int masked, int grouping);
 struct ggml_backend_sched;
 /* ggml_backend_sched_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
 PYGGML_RT_API int pyggml_try_sched_alloc_graph(pyggml_guard * g, struct ggml_backend_sched * sched,

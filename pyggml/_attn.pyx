@@ -1,0 +1,172 @@
+# cython: language_level=3, embedsignature=True
+"""pyggml._attn: pyggml's own blocked attention backward (csrc/attn_blocked.c), on numpy
+arrays and as a node of a ggml graph (a ggml custom op, csrc/attn_node.c).
+
+The kernel takes the FlashAttention-2 layout: tiles of queries and keys, the softmax
+recomputed per tile from each row's log-sum-exp, dK and dV accumulated tile by tile, so
+memory is linear in N and M. See :func:`pyggml.attention_backward` for the semantics;
+these are the thin wrappers, whose arguments the Python layer has normalised.
+"""
+
+from libc.stdint cimport int64_t
+from libc.string cimport memset
+
+cimport numpy as cnp
+
+from pyggml._ggml cimport *
+from pyggml._rt cimport *
+from pyggml._core cimport Context, Tensor, arg_tensor, arg_tensor_or_none, check_node_named, need_open
+
+import numpy as np
+
+from pyggml._cpu import DEFAULT_N_THREADS
+from pyggml.errors import ArgumentError, GGMLTypeError, GGMLVersionError
+
+cnp.import_array()
+
+__all__ = ["blocked_backward", "blocked_backward_node", "blocked_offsets", "set_portable"]
+
+
+cdef int _need_array(object x, str name, int ndim) except -1:
+    if not isinstance(x, np.ndarray):
+        raise GGMLTypeError(f"{name} must be a numpy.ndarray, not {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise GGMLTypeError(f"{name} must be float32, not {x.dtype}")
+    if x.ndim != ndim or not x.flags.c_contiguous or not x.flags.aligned:
+        raise ArgumentError(f"{name} must be an aligned C-contiguous {ndim}-d array, got shape {x.shape}")
+    return 0
+
+
+cdef int _threads(object n_threads) except -1:
+    """The kernel's own pthreads (not OpenMP: fine in a forked child too)."""
+    if n_threads is None:
+        return DEFAULT_N_THREADS
+    if type(n_threads) is not int or not 1 <= n_threads <= 512:
+        raise ArgumentError(f"n_threads must be an int in [1, 512], got {n_threads!r}")
+    return n_threads
+
+
+cdef int _need_flags(object masked, object grouping) except -1:
+    if type(masked) is not bool:
+        raise GGMLTypeError(f"masked must be a bool, not {masked!r}")
+    if grouping not in (0, 1) or type(grouping) not in (int, bool):
+        raise ArgumentError(f"grouping must be 0 (h % KVH) or 1 (h // (H / KVH)), not {grouping!r}")
+    return 0
+
+
+cdef float _need_scale(object scale) except? -1:
+    s = float(scale)
+    if not np.isfinite(s) or s == 0.0 or not np.isfinite(np.float32(s)):
+        raise ArgumentError(f"scale must be finite and non-zero (in float32), got {scale!r}")
+    return <float>s
+
+
+def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
+    """blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads) -> (dq, dk, dv)
+
+    q, d, o: float32 C-contiguous ``(B, H, N, D)``; k, v: ``(B, KVH, M, D)``; lse
+    ``(B, H, N)`` or None (with o). The GIL is released while the kernel runs."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("d", d)):
+        _need_array(x, name, 4)
+    _need_flags(masked, grouping)
+    cdef float sc = _need_scale(scale)
+    cdef int nth = _threads(n_threads)
+    B, H, N, D = q.shape
+    KVH, M = k.shape[1], k.shape[2]
+    if k.shape != v.shape or d.shape != q.shape:
+        raise ArgumentError(f"v must have k's shape {k.shape} and d q's {q.shape}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ArgumentError(f"k {k.shape} must match q {q.shape} in batch and head size")
+    if min(B, H, N, D, KVH, M) < 1 or H % KVH:
+        raise ArgumentError(f"need non-empty q {q.shape}, k {k.shape} and H a multiple of KVH")
+    if masked and M < N:
+        raise ArgumentError(f"masked needs M={M} keys >= N={N} queries")
+    if (lse is None) != (o is None):
+        raise ArgumentError("lse and o come together (the saved statistics need the forward output)")
+    if lse is not None:
+        _need_array(lse, "lse", 3)
+        _need_array(o, "o", 4)
+        if lse.shape != (B, H, N) or o.shape != q.shape:
+            raise ArgumentError(f"lse must be (B, H, N) = {(B, H, N)} and o q's shape, got {lse.shape}, {o.shape}")
+    cdef cnp.ndarray dq = np.empty(q.shape, np.float32)
+    cdef cnp.ndarray dk = np.empty(k.shape, np.float32)
+    cdef cnp.ndarray dv = np.empty(v.shape, np.float32)
+    cdef pyggml_attn_bwd a
+    memset(&a, 0, sizeof(a))
+    a.D, a.N, a.M, a.H, a.KVH, a.B = D, N, M, H, KVH, B
+    a.scale = sc
+    a.masked = 1 if masked else 0
+    a.grouping = grouping
+    a.q = <const float *>cnp.PyArray_DATA(q)
+    a.k = <const float *>cnp.PyArray_DATA(k)
+    a.v = <const float *>cnp.PyArray_DATA(v)
+    a.d = <const float *>cnp.PyArray_DATA(d)
+    if lse is not None:
+        a.lse = <const float *>cnp.PyArray_DATA(lse)
+        a.o = <const float *>cnp.PyArray_DATA(o)
+    a.dq = <float *>cnp.PyArray_DATA(dq)
+    a.dk = <float *>cnp.PyArray_DATA(dk)
+    a.dv = <float *>cnp.PyArray_DATA(dv)
+    cdef int rc
+    with nogil:
+        rc = pyggml_attn_bwd_compute(&a, nth)
+    if rc == 2:
+        raise MemoryError("blocked attention backward: no memory for its scratch")
+    if rc == 3:
+        raise RuntimeError("blocked attention backward: could not start its threads")
+    if rc != 0:
+        raise ArgumentError("blocked attention backward: arguments refused by the kernel")
+    return dq, dk, dv
+
+
+def set_portable(on):
+    """set_portable(on) -> int: testing only: force the kernel's portable C path (True) or
+    choose at run time (False). Returns 1 (portable) or 2 (AVX2+FMA), the path in use.
+    Not safe while another thread runs the kernel."""
+    return pyggml_attn_bwd_set_isa(1 if on else 0)
+
+
+def blocked_offsets(q, k):
+    """blocked_offsets(q, k) -> (offs_q, offs_k, offs_v, end): byte offsets of dq, dk and
+    dv in the result of :func:`blocked_backward_node`, and its length in bytes."""
+    cdef Tensor tq = arg_tensor(q, "q", "blocked_offsets")
+    cdef Tensor tk = arg_tensor(k, "k", "blocked_offsets")
+    cdef int64_t offs[4]
+    pyggml_attn_bwd_offsets(tq.ptr, tk.ptr, offs)
+    return tuple(4 * offs[i] for i in range(4))
+
+
+def blocked_backward_node(Context ctx, q, k, v, d, scale, masked, grouping, lse=None, o=None):
+    """blocked_backward_node(ctx, q, k, v, d, scale, masked, grouping, lse=None, o=None) -> Tensor
+
+    The kernel as a node of a ggml graph: a GGML_OP_CUSTOM node over q [D,N,H,B],
+    k, v [D,M,KVH,B], d [D,N,H,B] (ggml order, F32, contiguous) and optionally lse
+    [N,H,B] and o [D,N,H,B]. Its 1-D F32 result packs dq, dk and dv at the byte
+    offsets of :func:`blocked_offsets`. ggml's compute threads run it, each on whole
+    (batch, kv head) groups."""
+    need_open(ctx, "attention_backward_node")
+    if not PYGGML_HAVE_CUSTOM_4D:
+        raise GGMLVersionError("attention_backward_node: this ggml has no ggml_custom_4d")
+    cdef str op = "attention_backward_node"
+    cdef Tensor tq = arg_tensor(q, "q", op), tk = arg_tensor(k, "k", op)
+    cdef Tensor tv = arg_tensor(v, "v", op), td = arg_tensor(d, "d", op)
+    cdef Tensor tl = arg_tensor_or_none(lse, "lse", op), to = arg_tensor_or_none(o, "o", op)
+    _need_flags(masked, grouping)
+    cdef float sc = _need_scale(scale)
+    srcs = (tq, tk, tv, td) + ((tl, to) if tl is not None or to is not None else ())
+    names = ("q", "k", "v", "d", "lse", "o")[:len(srcs)]
+    if (tl is None) != (to is None):
+        raise ArgumentError(f"{op}: lse and o come together (the saved statistics need the forward output)")
+    cdef ggml_tensor * ptrs[6]
+    cdef int i, n = len(srcs)
+    for i in range(n):
+        ptrs[i] = (<Tensor>srcs[i]).ptr
+    cdef ggml_tensor probe
+    pyggml_attn_bwd_probe(&probe, ptrs, n, sc, 1 if masked else 0, grouping)
+    check_node_named(&probe, op, names, srcs)
+    nbytes = 4 * probe.ne[0]
+    ctx._reserve(ggml_tensor_overhead() + nbytes + GGML_MEM_ALIGN, op)
+    cdef ggml_tensor * result = pyggml_attn_bwd_node(ctx.ptr, ptrs, n, sc, 1 if masked else 0, grouping)
+    if result == NULL:
+        raise GGMLVersionError(f"{op}: this ggml has no ggml_custom_4d")
+    return ctx._adopt(result, srcs)
