@@ -87,6 +87,7 @@ from pyggml.defects import known_defects
 from pyggml.coverage import op_coverage
 from pyggml.attention import (
     attention_backward,
+    attention_backward_node,
     flash_attn_back_grad_tensors,
     flash_attn_back_grads,
     flash_attn_ext_backward,
@@ -106,7 +107,7 @@ __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort", "GGMLError",
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "KernelPreconditionError",
     "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
-    "attention_backward", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
+    "attention_backward", "attention_backward_node", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
     "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",

@@ -1,20 +1,28 @@
-"""Attention gradients through ggml's FLASH_ATTN_BACK kernel, from Python.
+"""Attention gradients from Python: ggml's FLASH_ATTN_BACK kernel and pyggml's own
+blocked kernel (csrc/attn_blocked.c).
 
 * :func:`flash_attn_back_grads` and :func:`flash_attn_back_grad_tensors` take the
   result of :func:`pyggml.flash_attn_back` apart, as numpy views or as ggml views.
-* :func:`attention_backward` is the one-call API for numpy arrays in PyTorch layout.
+* :func:`attention_backward` is the one-call API for numpy arrays in PyTorch layout,
+  on either kernel; :func:`attention_backward_node` puts the blocked kernel in a graph.
+* :func:`flash_attn_ext_backward`: the gradients of ggml's ``flash_attn_ext``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pyggml import _attn
 from pyggml._core import MEM_ALIGN, Context, Tensor, Type
 from pyggml._fab import flash_attn_back, flash_attn_back_offsets
 from pyggml._graph import Graph
 from pyggml._ops_layout import view_4d
 
-__all__ = ["attention_backward", "flash_attn_back_grad_tensors", "flash_attn_back_grads", "flash_attn_ext_backward"]
+__all__ = ["KERNELS", "attention_backward", "attention_backward_node", "flash_attn_back_grad_tensors",
+           "flash_attn_back_grads", "flash_attn_ext_backward"]
+
+KERNELS = ("blocked", "ggml")
+MAPPINGS = {"tile": 0, "group": 1}
 
 
 def _fab_parts(result: Tensor):
@@ -73,48 +81,56 @@ def _as_4d(name, x, ndim):
     return x.reshape((1,) * (4 - ndim) + x.shape)
 
 
-def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
-    """attention_backward(q, k, v, d, *, masked=False, n_threads=None) -> (dq, dk, dv)
+def attention_backward(q, k, v, d, *, masked=False, n_threads=None, kernel="blocked", scale=None, mapping="tile",
+                       lse=None, o=None):
+    """attention_backward(q, k, v, d, *, masked=False, n_threads=None, kernel="blocked", scale=None, mapping="tile", lse=None, o=None) -> (dq, dk, dv)
 
-    Gradients of ``sum(O * d)`` for ``O = softmax(scale * Q K^T + mask) V``,
-    ``scale = 1/sqrt(D)``, computed by ggml's FLASH_ATTN_BACK CPU kernel.
+    Gradients of ``sum(O * d)`` for ``O = softmax(scale * Q K^T + mask) V``.
 
     Parameters
     ----------
     q, d : float32 arrays ``(B, H, N, D)``; ``(H, N, D)`` and ``(N, D)`` accepted.
-    k, v : float32 arrays ``(B, KVH, M, D)`` (same number of dims as q), ``M >= N``,
-        ``H % KVH == 0``. Query head h uses kv head ``h % KVH`` (the kernel's
-        tiling; torch's ``enable_gqa`` groups instead: ``h // (H // KVH)``).
-    masked : hide key j from query i when ``j > (M - N) + i``.
+    k, v : float32 arrays ``(B, KVH, M, D)`` (same number of dims as q), ``M >= N``
+        when masked, ``H % KVH == 0``.
+    masked : hide key j from query i when ``j > (M - N) + i`` (bottom-right causal).
     n_threads : CPU threads (default: all this process may use).
+    kernel : ``"blocked"`` (the default: pyggml's FlashAttention-2-style kernel,
+        csrc/attn_blocked.c; memory linear in N, bitwise the same for any thread
+        count) or ``"ggml"`` (ggml's FLASH_ATTN_BACK CPU kernel, the seed's op).
+    scale : softmax scale (default ``1/sqrt(D)``, the only one the ggml kernel has).
+    mapping : ``"tile"``: query head h uses kv head ``h % KVH`` (the ggml kernel's);
+        ``"group"``: ``h // (H // KVH)`` (torch's ``enable_gqa``, flash_attn_ext's).
+        The ggml kernel has only ``"tile"``.
+    lse, o : the forward's per-row natural log-sum-exp of the scaled, masked scores
+        ``(B, H, N)`` and its output ``O`` (like q), both or neither (blocked kernel):
+        with them the kernel skips recomputing the softmax statistics.
 
     Returns
     -------
-    dq, dk, dv shaped like q, k, v. dq and dk are views of ggml's result
-    memory; dv is a transposed view (the kernel works on v transposed, which
-    costs one copy of v on the way in). q, k and d are read in place when
-    C-contiguous. For B > 1 with KVH < H, where the upstream kernel writes out of
-    bounds (``pyggml.defects``: ``fab-batch-gqa-oob``), each batch is its own
-    node and the results are concatenated (one copy).
+    dq, dk, dv shaped like q, k, v. With the blocked kernel they are new arrays. With
+    the ggml kernel, dq and dk are views of ggml's result memory and dv a transposed
+    view (the kernel works on v transposed, which costs one copy of v on the way in);
+    for B > 1 with KVH < H, where that kernel writes out of bounds
+    (``pyggml.defects``: ``fab-batch-gqa-oob``), each batch is its own node and the
+    results are concatenated (one copy).
     """
-    ndim = np.ndim(q)
-    if ndim not in (2, 3, 4):
-        raise ValueError(f"q must have 2, 3 or 4 dims (N, D) / (H, N, D) / (B, H, N, D), got {ndim}")
-    q4, k4, v4, d4 = (_as_4d(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("d", d)))
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
+    if mapping not in MAPPINGS:
+        raise ValueError(f"mapping must be 'tile' or 'group', not {mapping!r}")
+    if kernel == "blocked":
+        return _blocked(q, k, v, d, masked, n_threads, scale, mapping, lse, o)
+    D = np.shape(q)[-1] if np.ndim(q) else 0
+    if scale is not None and float(scale) != float(np.float32(1.0 / np.sqrt(D))):
+        raise ValueError(f"kernel='ggml': ggml's kernel has the scale 1/sqrt(D) only, not {scale!r} "
+                         f"(use kernel='blocked')")
+    if mapping != "tile":
+        raise ValueError("kernel='ggml': ggml's kernel maps query head h to kv head h % KVH only (mapping='tile')")
+    if lse is not None or o is not None:
+        raise ValueError("kernel='ggml': ggml's kernel takes no saved statistics (lse, o)")
+    q4, k4, v4, d4 = _shapes(q, k, v, d, masked=True)     # ggml's kernel needs M >= N, masked or not
     B, H, N, D = q4.shape
-    Bk, KVH, M, Dk = k4.shape
-    if k4.shape != v4.shape:
-        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
-    if d4.shape != q4.shape:
-        raise ValueError(f"d must have q's shape {q.shape}, got {d.shape}")
-    if Bk != B or Dk != D:
-        raise ValueError(f"k {k.shape} must match q {q.shape} in batch and head size D")
-    if KVH == 0 or H % KVH:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads KVH={KVH}")
-    if M < N:
-        raise ValueError(f"M={M} keys must be >= N={N} queries")
-    if q4.size == 0 or k4.size == 0:
-        raise ValueError("q, k, v and d must not be empty")
+    KVH, M = k4.shape[1], k4.shape[2]
 
     # read in place when C-contiguous, aligned and writeable (pyggml lends only such memory
     # to ggml), else copied
@@ -162,6 +178,79 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None):
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+def _shapes(q, k, v, d, masked):
+    """q, k, v, d as 4-d arrays, after the checks both kernels share."""
+    ndim = np.ndim(q)
+    if ndim not in (2, 3, 4):
+        raise ValueError(f"q must have 2, 3 or 4 dims (N, D) / (H, N, D) / (B, H, N, D), got {ndim}")
+    q4, k4, v4, d4 = (_as_4d(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("d", d)))
+    B, H, N, D = q4.shape
+    Bk, KVH, M, Dk = k4.shape
+    if k4.shape != v4.shape:
+        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+    if d4.shape != q4.shape:
+        raise ValueError(f"d must have q's shape {q.shape}, got {d.shape}")
+    if Bk != B or Dk != D:
+        raise ValueError(f"k {k.shape} must match q {q.shape} in batch and head size D")
+    if KVH == 0 or H % KVH:
+        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads KVH={KVH}")
+    if masked and M < N:
+        raise ValueError(f"M={M} keys must be >= N={N} queries")
+    if q4.size == 0 or k4.size == 0:
+        raise ValueError("q, k, v and d must not be empty")
+    return q4, k4, v4, d4
+
+
+def _blocked(q, k, v, d, masked, n_threads, scale, mapping, lse, o):
+    ndim = np.ndim(q)
+    q4, k4, v4, d4 = _shapes(q, k, v, d, masked)
+    if type(masked) is not bool:
+        masked = bool(masked) if masked in (0, 1) else masked
+    D = q4.shape[-1]
+    sc = 1.0 / np.sqrt(D) if scale is None else scale
+    lse4 = o4 = None
+    if lse is not None or o is not None:
+        if lse is None or o is None:
+            raise ValueError("lse and o come together (the saved statistics need the forward output)")
+        o4 = _as_4d("o", o, ndim)
+        lse = np.asarray(lse)
+        if lse.dtype != np.float32:
+            raise TypeError(f"lse must be float32, not {lse.dtype}")
+        if lse.shape != np.shape(q)[:-1]:
+            raise ValueError(f"lse must have q's shape without D, {np.shape(q)[:-1]}, got {lse.shape}")
+        lse4 = np.ascontiguousarray(lse.reshape(q4.shape[:-1]))
+        o4 = np.ascontiguousarray(o4)
+    dq, dk, dv = _attn.blocked_backward(*(np.ascontiguousarray(x) for x in (q4, k4, v4, d4)), lse4, o4, sc, masked,
+                                        MAPPINGS[mapping], n_threads)
+    return dq.reshape(np.shape(q)), dk.reshape(np.shape(k)), dv.reshape(np.shape(v))
+
+
+def attention_backward_node(ctx: Context, q, k, v, d, *, scale=None, masked=False, mapping="tile", lse=None, o=None):
+    """attention_backward_node(ctx, q, k, v, d, *, scale=None, masked=False, mapping="tile", lse=None, o=None) -> (dq, dk, dv)
+
+    The blocked kernel of :func:`attention_backward` as a node of a ggml graph, so it
+    composes with other ops (a training step's graph, the gradient of
+    ``flash_attn_ext``). q, d: tensors ``[D, N, H, B]`` (ggml order), k, v
+    ``[D, M, KVH, B]``, optionally lse ``[N, H, B]`` and o ``[D, N, H, B]``; all F32
+    and contiguous. Returns three view tensors made in ``ctx``, shaped like q, k and
+    v, of one GGML_OP_CUSTOM node that packs them (ggml's compute threads run it).
+    """
+    if mapping not in MAPPINGS:
+        raise ValueError(f"mapping must be 'tile' or 'group', not {mapping!r}")
+    if not isinstance(q, Tensor) or not isinstance(k, Tensor) or not isinstance(v, Tensor):
+        raise TypeError("q, k and v must be pyggml.Tensor")
+    sc = 1.0 / np.sqrt(q.ne[0]) if scale is None else scale
+    node = _attn.blocked_backward_node(ctx, q, k, v, d, sc, bool(masked) if masked in (0, 1) else masked,
+                                       MAPPINGS[mapping], lse, o)
+    offs = _attn.blocked_offsets(q, k)
+    out = []
+    for t, off in zip((q, k, v), offs[:3]):
+        ne = t.ne
+        nb1 = 4 * ne[0]
+        out.append(view_4d(ctx, node, ne[0], ne[1], ne[2], ne[3], nb1, nb1 * ne[1], nb1 * ne[1] * ne[2], off))
+    return tuple(out)
+
+
 def flash_attn_back_end(q4: np.ndarray, k4: np.ndarray, vt4: np.ndarray) -> int:
     """Bytes of the result of one flash_attn_back node over these arrays (the seed's ``end``)."""
     align = MEM_ALIGN
@@ -173,12 +262,14 @@ def flash_attn_back_end(q4: np.ndarray, k4: np.ndarray, vt4: np.ndarray) -> int:
 
 
 def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="group", mask=None, max_bias=0.0,
-                            logit_softcap=0.0, n_threads=None):
-    """flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="group", ...) -> (dq, dk, dv)
+                            logit_softcap=0.0, n_threads=None, kernel="blocked"):
+    """flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="group", ..., kernel="blocked") -> (dq, dk, dv)
 
     Gradients of ``sum(O * d)`` for the attention ``ggml_flash_attn_ext`` computes,
     ``O = softmax(scale * Q K^T + mask) V`` (ggml has no backward for that op), computed
-    by ggml's FLASH_ATTN_BACK kernel through :func:`attention_backward`.
+    by :func:`attention_backward`'s ``kernel``: pyggml's blocked kernel (the default;
+    scale and head mapping native), or ggml's FLASH_ATTN_BACK kernel (scale met by
+    scaling q and dq, the heads reordered for the group mapping).
 
     q, d : ``(B, H, N, D)`` (or fewer leading dims, as attention_backward); k, v :
         ``(B, KVH, M, D)``, float32 or float16 (exact in float32).
@@ -204,15 +295,20 @@ def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="gr
                                   "FLASH_ATTN_BACK kernel")
     if mapping not in ("group", "tile"):
         raise ValueError(f"mapping must be 'group' or 'tile', not {mapping!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
     q32, d32 = (np.ascontiguousarray(x, np.float32) for x in (q, d))
     k32, v32 = (np.asarray(x).astype(np.float32, copy=False) for x in (k, v))
     if np.shape(v32)[-1] != np.shape(q32)[-1]:
         raise NotImplementedError(f"flash_attn_ext_backward: v's head size {np.shape(v32)[-1]} differs from q's "
-                                  f"{np.shape(q32)[-1]}; the FLASH_ATTN_BACK kernel needs them equal")
+                                  f"{np.shape(q32)[-1]}; both kernels need them equal")
     D = q32.shape[-1]
     c = 1.0 if scale is None else float(scale) * float(np.sqrt(D))
     if not np.isfinite(c) or c == 0.0:
         raise ValueError(f"scale must be finite and non-zero, got {scale!r}")
+    if kernel == "blocked":
+        return attention_backward(q32, k32, v32, d32, masked=masked, n_threads=n_threads, scale=scale,
+                                  mapping=mapping)
     heads = None
     if q32.ndim >= 3 and mapping == "group":
         H, KVH = q32.shape[-3], np.shape(k32)[-3]

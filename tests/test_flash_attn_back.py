@@ -121,11 +121,12 @@ def test_parity_sweep(rng, D, N, M, masked, gqa, ne3):
     q, k, v, d = make(rng, ne3, H, KVH, N, M, D)
     ref = reference.attention_backward(q, k, v, d, masked=masked)
 
-    # the one-call API
-    got = pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=2)
-    for name, g, r in zip("qkv", got, ref):
-        assert g.shape == r.shape
-        assert reference.nmse(g, r) < NMSE_MAX, f"grad_{name}"
+    # the one-call API, on both kernels
+    for kernel in pyggml.attention.KERNELS:
+        got = pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=2, kernel=kernel)
+        for name, g, r in zip("qkv", got, ref):
+            assert g.shape == r.shape
+            assert reference.nmse(g, r) < NMSE_MAX, f"{kernel} grad_{name}"
 
     # the seed's builder, gradients read as views
     with pyggml.Context(64 << 20) as ctx:
@@ -152,19 +153,21 @@ def test_attention_backward_2d_and_3d(rng, shape_q, shape_k):
     d = rng.standard_normal(shape_q).astype(np.float32)
     k = rng.standard_normal(shape_k).astype(np.float32)
     v = rng.standard_normal(shape_k).astype(np.float32)
-    got = pyggml.attention_backward(q, k, v, d, masked=True)
     ref = reference.attention_backward(q, k, v, d, masked=True)
-    for g, r in zip(got, ref):
-        assert g.shape == r.shape
-        assert reference.nmse(g, r) < NMSE_MAX
+    for kernel in pyggml.attention.KERNELS:
+        got = pyggml.attention_backward(q, k, v, d, masked=True, kernel=kernel)
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape
+            assert reference.nmse(g, r) < NMSE_MAX
 
 
 def test_attention_backward_accepts_non_contiguous_inputs(rng):
     q, k, v, d = make(rng, 1, 2, 2, 4, 6, 8)
     qf = np.asfortranarray(q)
-    got = pyggml.attention_backward(qf, k[:, :, :, :], v, d)
     ref = reference.attention_backward(q, k, v, d)
-    assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
+    for kernel in pyggml.attention.KERNELS:
+        got = pyggml.attention_backward(qf, k[:, :, :, :], v, d, kernel=kernel)
+        assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
 
 
 def test_attention_backward_accepts_read_only_inputs(rng):
@@ -174,22 +177,24 @@ def test_attention_backward_accepts_read_only_inputs(rng):
         y = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(x.shape)   # read-only memory
         assert not y.flags.writeable
         frozen.append(y)
-    got = pyggml.attention_backward(*frozen)
     ref = reference.attention_backward(q, k, v, d)
-    assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
+    for kernel in pyggml.attention.KERNELS:
+        got = pyggml.attention_backward(*frozen, kernel=kernel)
+        assert all(reference.nmse(g, r) < NMSE_MAX for g, r in zip(got, ref))
 
 
 def test_attention_backward_leaves_inputs_alone(rng):
     q, k, v, d = make(rng, 2, 4, 2, 3, 5, 8)
     copies = [x.copy() for x in (q, k, v, d)]
     pyggml.attention_backward(q, k, v, d, masked=True)
+    pyggml.attention_backward(q, k, v, d, masked=True, kernel="ggml")
     for x, c in zip((q, k, v, d), copies):
         np.testing.assert_array_equal(x, c)
 
 
 def test_attention_backward_outputs_are_views_not_copies(rng):
     q, k, v, d = make(rng, 1, 2, 2, 4, 6, 8)
-    dq, dk, dv = pyggml.attention_backward(q, k, v, d)
+    dq, dk, dv = pyggml.attention_backward(q, k, v, d, kernel="ggml")
     # dq and dk view ggml's result memory; dv is its transposed view
     assert not dq.flags.owndata and not dk.flags.owndata and not dv.flags.owndata
     assert np.shares_memory(dq, dk) is False
@@ -316,8 +321,15 @@ def test_result_that_does_not_fit_raises_memory_error(qkvd):
     (dict(d=np.zeros((1, 2, 4, 7), np.float32)), ValueError, "d must have q's shape"),
     (dict(k=np.zeros((1, 3, 6, 8), np.float32), v=np.zeros((1, 3, 6, 8), np.float32)),
      ValueError, "H=2 must be a multiple of kv heads KVH=3"),
-    (dict(k=np.zeros((1, 2, 3, 8), np.float32), v=np.zeros((1, 2, 3, 8), np.float32)),
+    (dict(k=np.zeros((1, 2, 3, 8), np.float32), v=np.zeros((1, 2, 3, 8), np.float32), masked=True),
      ValueError, "M=3 keys must be >= N=4 queries"),
+    (dict(k=np.zeros((1, 2, 3, 8), np.float32), v=np.zeros((1, 2, 3, 8), np.float32), kernel="ggml"),
+     ValueError, "M=3 keys must be >= N=4 queries"),
+    (dict(kernel="cuda"), ValueError, "kernel must be one of"),
+    (dict(mapping="interleaved"), ValueError, "mapping must be"),
+    (dict(kernel="ggml", scale=0.5), ValueError, "scale 1/sqrt"),
+    (dict(kernel="ggml", mapping="group"), ValueError, "h % KVH only"),
+    (dict(lse=np.zeros((1, 2, 4), np.float32)), ValueError, "lse and o come together"),
     (dict(k=np.zeros((2, 6, 8), np.float32)), ValueError, "same number of dims"),
     (dict(q=np.zeros(8, np.float32)), ValueError, "q must have 2, 3 or 4 dims"),
 ])
@@ -385,7 +397,7 @@ def test_batch_gqa_defect_is_worked_around_by_attention_backward():
         k = rng.standard_normal((2, 2, 6, 16)).astype(np.float32)
         v = rng.standard_normal((2, 2, 6, 16)).astype(np.float32)
         d = rng.standard_normal((2, 4, 6, 16)).astype(np.float32)
-        got = pyggml.attention_backward(q, k, v, d, n_threads=2)
+        got = pyggml.attention_backward(q, k, v, d, n_threads=2, kernel="ggml")
         ref = reference.attention_backward(q, k, v, d)
         print(max(reference.nmse(g, r) for g, r in zip(got, ref)))
     """)
@@ -426,7 +438,7 @@ def test_small_heads_many_threads_compute_right(D, M, n_threads):
         k = rng.standard_normal((1, 8, {M}, {D})).astype(np.float32)
         v = rng.standard_normal((1, 8, {M}, {D})).astype(np.float32)
         d = rng.standard_normal((1, 8, 1, {D})).astype(np.float32)
-        got = pyggml.attention_backward(q, k, v, d, n_threads={n_threads})
+        got = pyggml.attention_backward(q, k, v, d, n_threads={n_threads}, kernel="ggml")
         ref = reference.attention_backward(q, k, v, d)
         print(max(reference.nmse(g, r) for g, r in zip(got, ref)))
     """)

@@ -1,0 +1,211 @@
+"""pyggml's blocked attention backward (csrc/attn_blocked.c): against the float64
+reference over the issue's sweep, with and without the forward's saved statistics, on
+both code paths (AVX2+FMA and portable C), bitwise deterministic across runs and thread
+counts, next to ggml's FLASH_ATTN_BACK kernel, and as a graph node."""
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type, _attn, reference
+from pyggml.errors import ArgumentError, GGMLTypeError, KernelPreconditionError
+
+NMSE_MAX = 1e-7
+D_SIZES = [1, 3, 17, 64, 80, 128, 256]
+NM = [(1, 1), (7, 7), (5, 9), (33, 47), (65, 130)]
+HEADS = [(4, 4, "tile"), (4, 2, "tile"), (4, 2, "group"), (3, 1, "tile")]
+
+
+def make(rng, B, H, KVH, N, M, D):
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    return f(B, H, N, D), f(B, KVH, M, D), f(B, KVH, M, D), f(B, H, N, D)
+
+
+def forward64(q, k, v, masked, mapping, scale=None):
+    """O and the per-row log-sum-exp, in float64 (what a forward pass would save)."""
+    B, H, N, D = q.shape
+    KVH, M = k.shape[1], k.shape[2]
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    idx = [h % KVH if mapping == "tile" else h // (H // KVH) for h in range(H)]
+    kh, vh = k[:, idx].astype(np.float64), v[:, idx].astype(np.float64)
+    s = scale * q.astype(np.float64) @ kh.swapaxes(-1, -2)
+    if masked:
+        s = np.where(np.arange(M)[None, :] > (M - N) + np.arange(N)[:, None], -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+    o = np.exp(s - lse[..., None]) @ vh
+    return o.astype(np.float32), lse.astype(np.float32)
+
+
+def close(g, r, scale):
+    """NMSE within bound; where the true gradient is exactly zero (one visible key: the
+    softmax is constant), NMSE is undefined: then the values must be float32 rounding
+    of the gradients' own size (``scale``: max |dv| * sqrt(D); a float32 lse and O give
+    a d.O that differs from d.v in the last bits)."""
+    if not np.any(r):
+        return float(np.max(np.abs(g))) <= 2e-7 * scale
+    return reference.nmse(g, r) <= NMSE_MAX
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("H, KVH, mapping", HEADS)
+@pytest.mark.parametrize("N, M", NM)
+@pytest.mark.parametrize("D", D_SIZES)
+def test_blocked_kernel_agrees_with_float64(D, N, M, H, KVH, mapping, masked):
+    rng = np.random.default_rng(D * 1000 + N * 10 + M)
+    q, k, v, d = make(rng, 2, H, KVH, N, M, D)
+    ref = reference.attention_backward(q, k, v, d, masked=masked, mapping=mapping)
+    got = pyggml.attention_backward(q, k, v, d, masked=masked, mapping=mapping, n_threads=2)
+    for name, g, r in zip("qkv", got, ref):
+        assert g.shape == r.shape and g.dtype == np.float32
+        assert reference.nmse(g, r) <= NMSE_MAX, f"d{name}"
+    # with the forward's saved statistics: the same gradients without recomputing them
+    o, lse = forward64(q, k, v, masked, mapping)
+    saved = pyggml.attention_backward(q, k, v, d, masked=masked, mapping=mapping, lse=lse, o=o, n_threads=2)
+    size = max(1.0, float(np.max(np.abs(ref[2])))) * np.sqrt(D)
+    for name, g, r in zip("qkv", saved, ref):
+        assert close(g, r, size), f"d{name} with lse"
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 2.5])
+def test_any_scale_and_more_keys_than_queries(scale):
+    rng = np.random.default_rng(1)
+    q, k, v, d = make(rng, 1, 2, 2, 9, 4, 16)          # M < N: fine unmasked
+    ref = reference.attention_backward(q, k, v, d, scale=scale)
+    got = pyggml.attention_backward(q, k, v, d, scale=scale)
+    assert max(reference.nmse(g, r) for g, r in zip(got, ref)) <= NMSE_MAX
+    with pytest.raises(ValueError, match="M=4 keys must be >= N=9"):
+        pyggml.attention_backward(q, k, v, d, masked=True)
+
+
+def test_bitwise_deterministic_across_runs_and_thread_counts():
+    rng = np.random.default_rng(2)
+    for B, H, KVH in [(2, 8, 2), (1, 6, 3), (3, 4, 4)]:
+        q, k, v, d = make(rng, B, H, KVH, 70, 97, 40)
+        first = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=1)
+        for n in (1, 2, 3, 4):
+            for _ in range(2):
+                again = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=n)
+                assert all(np.array_equal(a, b) for a, b in zip(first, again)), (B, H, KVH, n)
+
+
+def test_the_portable_path_agrees_too():
+    rng = np.random.default_rng(3)
+    q, k, v, d = make(rng, 2, 4, 2, 33, 65, 17)
+    ref = reference.attention_backward(q, k, v, d, masked=True)
+    fast = pyggml.attention_backward(q, k, v, d, masked=True)
+    try:
+        assert _attn.set_portable(True) == 1
+        portable = pyggml.attention_backward(q, k, v, d, masked=True)
+    finally:
+        _attn.set_portable(False)
+    for p, f, r in zip(portable, fast, ref):
+        assert reference.nmse(p, r) <= NMSE_MAX and reference.nmse(f, r) <= NMSE_MAX
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_agrees_with_ggmls_kernel(masked):
+    rng = np.random.default_rng(4)
+    q, k, v, d = make(rng, 1, 4, 2, 48, 64, 64)
+    blocked = pyggml.attention_backward(q, k, v, d, masked=masked)
+    ggml = pyggml.attention_backward(q, k, v, d, masked=masked, kernel="ggml")
+    for b, g in zip(blocked, ggml):
+        assert reference.nmse(b, g) < 1e-10
+
+
+def test_arguments_are_checked_before_the_kernel_runs():
+    rng = np.random.default_rng(5)
+    q, k, v, d = make(rng, 1, 2, 2, 4, 6, 8)
+    o, lse = forward64(q, k, v, False, "tile")
+    with pytest.raises(ValueError, match="lse must have q's shape without D"):
+        pyggml.attention_backward(q, k, v, d, lse=lse[..., :3], o=o)
+    with pytest.raises(TypeError, match="lse must be float32"):
+        pyggml.attention_backward(q, k, v, d, lse=lse.astype(np.float64), o=o)
+    with pytest.raises(ArgumentError, match="scale must be finite"):
+        pyggml.attention_backward(q, k, v, d, scale=0.0)
+    with pytest.raises(ArgumentError, match="n_threads"):
+        pyggml.attention_backward(q, k, v, d, n_threads=0)
+    # the thin wrapper's own checks (it never hands the kernel a bad array)
+    with pytest.raises(ArgumentError, match="C-contiguous"):
+        _attn.blocked_backward(np.asfortranarray(q), k, v, d, None, None, 0.5, False, 0, 1)
+    with pytest.raises(GGMLTypeError, match="masked must be a bool"):
+        _attn.blocked_backward(q, k, v, d, None, None, 0.5, 1, 0, 1)
+    with pytest.raises(ArgumentError, match="grouping"):
+        _attn.blocked_backward(q, k, v, d, None, None, 0.5, False, 2, 1)
+
+
+# --- as a graph node ---------------------------------------------------------------
+
+def _tensors(ctx, *arrays):
+    return [ctx.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+
+
+@pytest.mark.parametrize("with_lse", [False, True])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_the_graph_node_gives_the_kernels_bits(n_threads, with_lse):
+    rng = np.random.default_rng(6)
+    q, k, v, d = make(rng, 2, 6, 2, 21, 30, 24)
+    o, lse = forward64(q, k, v, True, "group", scale=0.3)
+    extra = dict(lse=lse, o=o) if with_lse else {}
+    want = pyggml.attention_backward(q, k, v, d, masked=True, mapping="group", scale=0.3, **extra)
+    with pyggml.Context(16 << 20) as ctx:
+        tq, tk, tv, td, tl, to = _tensors(ctx, q, k, v, d, lse, o)
+        node_extra = dict(lse=tl, o=to) if with_lse else {}
+        dq, dk, dv = pyggml.attention_backward_node(ctx, tq, tk, tv, td, masked=True, mapping="group", scale=0.3,
+                                                    **node_extra)
+        assert dq.ne == tq.ne and dk.ne == tk.ne and dv.ne == tv.ne
+        assert dq.view_src.data_ptr == dk.view_src.data_ptr == dv.view_src.data_ptr
+        assert dq.view_src.op == "CUSTOM"
+        total = pyggml.sum(ctx, pyggml.add(ctx, dq, td))          # composes with other ops
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(total)
+        g.build_forward_expand(dk)
+        g.build_forward_expand(dv)
+        g.compute(n_threads)
+        for got, w in zip((dq, dk, dv), want):
+            assert np.array_equal(got.numpy(), w)
+        assert np.isclose(total.numpy()[0], float(want[0].sum(dtype=np.float64) + d.sum(dtype=np.float64)),
+                          rtol=1e-4, atol=1e-3)
+
+
+def test_the_graph_node_runs_on_the_cpu_backend_in_a_backend_buffer():
+    rng = np.random.default_rng(7)
+    q, k, v, d = make(rng, 1, 2, 1, 8, 8, 16)
+    want = pyggml.attention_backward(q, k, v, d, masked=True)
+    with pyggml.Backend("CPU", n_threads=2) as cpu, pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        ts = [ctx.new_tensor(Type.F32, x.shape[::-1]) for x in (q, k, v, d)]
+        grads = pyggml.attention_backward_node(ctx, *ts, masked=True)
+        assert cpu.supports_op(grads[0].view_src)
+        cpu.alloc_ctx_tensors(ctx)
+        for t, x in zip(ts, (q, k, v, d)):
+            t.set(x.reshape(t.shape))
+        g = pyggml.Graph(ctx)
+        for t in grads:
+            g.build_forward_expand(t)
+        cpu.graph_compute(g)
+        for t, w in zip(grads, want):
+            assert np.array_equal(t.get().reshape(w.shape), w)
+
+
+def test_the_graph_node_refuses_what_its_kernel_cannot_read():
+    with pyggml.Context(1 << 20) as ctx:
+        q, k, v, d = (ctx.new_tensor(Type.F32, (8, 4, 2, 1)) for _ in range(4))
+        with pytest.raises(GGMLTypeError, match="F32"):
+            pyggml.attention_backward_node(ctx, ctx.new_tensor(Type.F16, (8, 4, 2, 1)), k, v, d)
+        qt = pyggml.transpose(ctx, ctx.new_tensor(Type.F32, (4, 8, 2, 1)))
+        with pytest.raises(KernelPreconditionError, match="q must be contiguous"):
+            pyggml.attention_backward_node(ctx, qt, k, v, d)
+        short = ctx.new_tensor(Type.F32, (8, 3, 2, 1))
+        with pytest.raises(KernelPreconditionError, match="masked needs M >= N"):
+            pyggml.attention_backward_node(ctx, q, short, short, d, masked=True)
+        with pytest.raises(ArgumentError, match="lse and o come together"):
+            pyggml.attention_backward_node(ctx, q, k, v, d, lse=ctx.new_tensor(Type.F32, (4, 2, 1)))
+        with pytest.raises(KernelPreconditionError, match="lse must be"):
+            pyggml.attention_backward_node(ctx, q, k, v, d, lse=ctx.new_tensor(Type.F32, (5, 2, 1)), o=q)
+        with pytest.raises(KernelPreconditionError, match="H a multiple of KVH"):
+            three = ctx.new_tensor(Type.F32, (8, 4, 3, 1))
+            pyggml.attention_backward_node(ctx, q, three, three, d)
+    with pyggml.Context(1 << 20) as ctx, pyggml.Context(512) as small:
+        q, k, v, d = (ctx.new_tensor(Type.F32, (8, 4, 2, 1)) for _ in range(4))
+        with pytest.raises(MemoryError):
+            pyggml.attention_backward_node(small, q, k, v, d)
