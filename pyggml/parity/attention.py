@@ -1,10 +1,12 @@
-"""The attention gradients along four independent paths (the ``attention`` subject of
+"""The attention gradients along five independent paths (the ``attention`` subject of
 :mod:`pyggml.parity`).
 
 Paths (each returns dq, dk, dv for PyTorch-layout float32 inputs):
 
 ``kernel``
     ggml's FLASH_ATTN_BACK CPU kernel through :func:`pyggml.flash_attn_back`.
+``blocked``
+    pyggml's own blocked kernel (csrc/attn_blocked.c), :func:`pyggml.attention_backward`.
 ``autodiff``
     ggml's own autodiff: the forward composed from ggml ops (repeat for GQA,
     mul_mat, scale, diag_mask_inf, soft_max, mul_mat), loss ``sum(O * d)``,
@@ -14,7 +16,7 @@ Paths (each returns dq, dk, dv for PyTorch-layout float32 inputs):
 ``torch``
     torch autograd on the CPU (float32), when torch is importable.
 
-All four compute the same function: query head h uses kv head ``h % KVH`` (the
+All five compute the same function: query head h uses kv head ``h % KVH`` (the
 kernel's tiling; ``ggml_repeat`` tiles too; torch gets its kv heads indexed with
 ``h % KVH`` explicitly, since its ``enable_gqa`` groups as ``h // (H // KVH)``),
 and key j is hidden from query i when ``j > (M - N) + i`` (torch gets that
@@ -78,7 +80,8 @@ def sweep(quick: bool = False) -> list[Case]:
     if quick:
         Ds, NMs, gqas, Bs = [1, 17, 64], [(1, 5), (6, 6), (4, 7)], [1, 4], [1, 2]
     else:
-        Ds, NMs, gqas, Bs = [1, 3, 17, 64, 128], [(1, 5), (6, 6), (4, 7), (16, 24)], [1, 2, 4], [1, 2, 3]
+        Ds, NMs, gqas, Bs = [1, 3, 17, 64, 80, 128, 256], [(1, 5), (6, 6), (4, 7), (16, 24), (33, 47)], [1, 2, 4], \
+            [1, 2, 3]
     return [Case(D, N, M, 2 * g, 2, B, masked)
             for D, (N, M), g, B, masked in itertools.product(Ds, NMs, gqas, Bs, (False, True))]
 
@@ -87,6 +90,10 @@ def sweep(quick: bool = False) -> list[Case]:
 
 def path_reference(q, k, v, d, masked, n_threads=None):
     return reference.attention_backward(q, k, v, d, masked=masked)
+
+
+def path_blocked(q, k, v, d, masked, n_threads=None):
+    return pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=n_threads, kernel="blocked")
 
 
 def _context_for(*arrays, extra=0):
@@ -181,6 +188,7 @@ def path_torch(q, k, v, d, masked, n_threads=None):
 
 PATHS: dict[str, Callable] = {
     "kernel": path_kernel,
+    "blocked": path_blocked,
     "autodiff": path_autodiff,
     "reference": path_reference,
     "torch": path_torch,
@@ -188,7 +196,7 @@ PATHS: dict[str, Callable] = {
 
 
 def available_paths(no_torch: bool = False) -> list[str]:
-    names = ["kernel", "autodiff", "reference"]
+    names = ["kernel", "blocked", "autodiff", "reference"]
     if not no_torch and torch_available():
         names.append("torch")
     return names

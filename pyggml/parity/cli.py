@@ -14,7 +14,7 @@ from pyggml.parity.model import BAD, Case
 
 __all__ = ["add_arguments", "main"]
 
-KNOWN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "reference", "autodiff", "torch")   # and the registered ones
+KNOWN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch")   # and the registered ones
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -197,7 +197,8 @@ class GradSubject(Subject):
 
 
 class AttentionSubject(Subject):
-    """The attention gradients (dq, dk, dv) of FLASH_ATTN_BACK (``ggml``), of ggml's
+    """The attention gradients (dq, dk, dv) of FLASH_ATTN_BACK (``ggml``), of pyggml's
+    blocked kernel (``blocked``), of ggml's
     autodiff of the forward built from ggml ops (``autodiff``), of the float64
     reference, and of torch (pyggml.parity.attention)."""
 
@@ -207,7 +208,7 @@ class AttentionSubject(Subject):
     def __init__(self):
         from pyggml.parity import attention
         self._a = attention
-        self.paths = ("ggml", "autodiff", "reference") + (("torch",) if attention.torch_available() else ())
+        self.paths = ("ggml", "blocked", "autodiff", "reference") + (("torch",) if attention.torch_available() else ())
 
     @functools.lru_cache(maxsize=2)
     def _sweep(self, quick: bool) -> list[Any]:
@@ -222,8 +223,9 @@ class AttentionSubject(Subject):
         c = self._sweep(False)[case.index]
         q, k, v, d = c.inputs(case.seed)
         try:
-            if path in ("ggml", "autodiff"):
-                fn = self._a.path_kernel if path == "ggml" else self._a.path_autodiff
+            if path in ("ggml", "blocked", "autodiff"):
+                fn = {"ggml": self._a.path_kernel, "blocked": self._a.path_blocked,
+                      "autodiff": self._a.path_autodiff}[path]
                 grads = fn(q, k, v, d, c.masked, n_threads)
             else:
                 grads = (self._a.path_reference if path == "reference" else self._a.path_torch)(q, k, v, d, c.masked)
@@ -247,7 +249,7 @@ class AttentionSubject(Subject):
 
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
-BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "reference", "autodiff", "torch")
+BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch")
 
 
 @functools.lru_cache(maxsize=4)
