@@ -1,122 +1,271 @@
 #!/usr/bin/env python3
-"""FLASH_ATTN_BACK through pyggml: kernel time, end-to-end time, and peers.
+"""Attention backward on the CPU, side by side in one run: ggml's FLASH_ATTN_BACK kernel,
+pyggml's blocked kernel (without and with the forward's saved log-sum-exp), torch's
+scaled_dot_product_attention backward, and the float64 NumPy reference.
 
-For each case prints the graph compute time alone (the kernel, inputs already in
-ggml tensors), the end-to-end ``pyggml.attention_backward`` time (numpy in,
-numpy out), their ratio, GFLOP/s (10*N*M*D*H flops per backward, half when
-masked), and, when available, torch's CPU ``scaled_dot_product_attention``
-backward and the float64 NumPy reference on the same inputs. Times are the
-best of ``--repeat`` runs, all measured in this one run.
+Each time is the median over ``--repeat`` runs of the CPU time the process spent
+(``time.process_time``: every thread's), so rates are per CPU-second: with 2 threads a
+kernel that scales perfectly shows the same GFLOP/s as with 1. GFLOP/s counts the nominal
+10*N*M*D*H flops of a backward (half when masked), whatever a kernel really does (the
+blocked kernel without lse recomputes the softmax statistics, about 14*N*M*D*H).
 
-Run: ``python scripts/bench_flash_attn_back.py [--threads 2] [--repeat 3] [--quick]``
+Also printed: the single-core SGEMM rate of numpy's BLAS (1024^3, float32) and an estimate
+of the core's FMA peak from its clock, the ratios to both, the extra memory each kernel
+allocates while it runs (one thread; Linux's peak-RSS counter), and the exponent of cost
+growth in N.
+
+Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2]``
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
+import math
 import os
+import statistics
 import sys
 import time
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")      # numpy's SGEMM: the single-core rate
 
-import pyggml
-from pyggml import reference
+import numpy as np  # noqa: E402
+
+import pyggml  # noqa: E402
+from pyggml import _attn, reference  # noqa: E402
+
+KERNELS = ("ggml", "blocked", "blocked+lse", "torch", "float64")
 
 
-def best_of(fn, repeat):
-    fn()                                   # warm up (allocations, threads, caches)
-    t = float("inf")
+def cpu_median(fn, repeat):
+    """Median CPU seconds of fn() over ``repeat`` runs, after one warm-up run."""
+    fn()
+    times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        t = min(t, time.perf_counter() - t0)
-    return t
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
 
 
-def inputs(B, H, N, M, D, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, H, N, D), dtype=np.float32)
-    k = rng.standard_normal((B, H, M, D), dtype=np.float32)
-    v = rng.standard_normal((B, H, M, D), dtype=np.float32)
-    d = rng.standard_normal((B, H, N, D), dtype=np.float32)
-    return q, k, v, d
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(field)
 
 
-def kernel_and_e2e(q, k, v, d, masked, threads, repeat):
-    """Best times of the graph compute alone and of attention_backward, measured
-    alternately so that both see the same machine (it is shared and noisy)."""
-    mem = 4 * (q.size + k.size + v.size + d.size) * 2 + (64 << 20)
-    with pyggml.Context(mem) as ctx:
-        tq, tk, td = ctx.from_numpy(q), ctx.from_numpy(k), ctx.from_numpy(d)
-        tv = ctx.from_numpy(np.ascontiguousarray(v.swapaxes(-1, -2)))
-        ctx._align_next_data(64)       # the result on a cache line, as attention_backward has it
-        r = pyggml.flash_attn_back(ctx, tq, tk, tv, td, masked)
-        graph = pyggml.Graph(ctx)
-        graph.build_forward_expand(r)
-        t_kernel = t_e2e = float("inf")
-        for _ in range(repeat):
-            t_kernel = min(t_kernel, best_of(lambda: graph.compute(threads), 1))
-            t_e2e = min(t_e2e, best_of(lambda: pyggml.attention_backward(
-                q, k, v, d, masked=masked, n_threads=threads), 1))
-        return t_kernel, t_e2e
+def extra_memory(fn):
+    """Peak resident memory fn() adds (bytes), or None: Linux's peak-RSS reset
+    (``/proc/self/clear_refs``, 5) before, VmHWM after, against VmRSS before. What
+    fn() allocates and frees counts; a result already in place (ggml's, in its
+    context) does not."""
+    try:
+        try:        # give freed heap pages back first, or a re-run reuses resident memory
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kb("VmRSS")
+        fn()
+        return max(0, _status_kb("VmHWM") - base)
+    except OSError:
+        return None
 
 
-def torch_backward(q, k, v, d, masked, threads, repeat):
+def forward64(q, k, v, masked):
+    """O and the per-row log-sum-exp a forward pass saves (float64, stored as float32)."""
+    N, M, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    s = (q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2)) / math.sqrt(D)
+    if masked:
+        s[..., np.arange(M)[None, :] > (M - N) + np.arange(N)[:, None]] = -np.inf
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    lse = m[..., 0] + np.log(p.sum(-1))
+    o = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    return o.astype(np.float32), lse.astype(np.float32)
+
+
+class Runner:
+    """The kernels over one input (B=1), each ready to time (inputs already in place)."""
+
+    def __init__(self, D, N, H, masked, seed=0):
+        rng = np.random.default_rng(seed)
+        f = lambda: rng.standard_normal((1, H, N, D), dtype=np.float32)  # noqa: E731
+        self.q, self.k, self.v, self.d = f(), f(), f(), f()
+        self.masked = masked
+        self.scale = 1 / math.sqrt(D)
+        self.o, self.lse = forward64(self.q, self.k, self.v, masked)
+        self.ctx = pyggml.Context(4 * self.q.size * 8 + (64 << 20))
+        tq, tk, td = (self.ctx.from_numpy(x) for x in (self.q, self.k, self.d))
+        tv = self.ctx.from_numpy(np.ascontiguousarray(self.v.swapaxes(-1, -2)))
+        self.ctx._align_next_data(64)
+        r = pyggml.flash_attn_back(self.ctx, tq, tk, tv, td, masked)
+        self.graph = pyggml.Graph(self.ctx)
+        self.graph.build_forward_expand(r)
+        self.torch_state = None
+
+    def close(self):
+        self.ctx.close()
+
+    def fn(self, kernel, threads):
+        if kernel == "ggml":
+            return lambda: self.graph.compute(threads)
+        if kernel == "blocked":
+            return lambda: _attn.blocked_backward(self.q, self.k, self.v, self.d, None, None, self.scale,
+                                                  self.masked, 0, threads)
+        if kernel == "blocked+lse":
+            return lambda: _attn.blocked_backward(self.q, self.k, self.v, self.d, self.lse, self.o, self.scale,
+                                                  self.masked, 0, threads)
+        if kernel == "float64":
+            return lambda: reference.attention_backward(self.q, self.k, self.v, self.d, masked=self.masked)
+        if kernel == "torch":
+            import torch
+            torch.set_num_threads(threads)
+            tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (self.q, self.k, self.v))
+            # N == M here: torch's top-left causal mask is the bottom-right one
+            out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=self.masked)
+            td = torch.from_numpy(self.d)
+            self.torch_state = (tq, tk, tv, out)
+
+            def run():
+                for t in (tq, tk, tv):
+                    t.grad = None
+                out.backward(td, retain_graph=True)
+            return run
+        raise ValueError(kernel)
+
+
+def sgemm_rate():
+    """numpy float32 matmul, 1024^3, one thread: GFLOP/s per CPU-second."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1024, 1024), dtype=np.float32) for _ in range(2))
+    return 2 * 1024 ** 3 / cpu_median(lambda: a @ b, 5) / 1e9
+
+
+def peak_estimate():
+    """GFLOP/s of one core at the clock /proc/cpuinfo reports, two FMA pipes of 8 floats
+    (AVX2) or 16 (AVX-512): an estimate (the real clock may boost above the reported one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None
+    mhz = [float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")]
+    lanes = 16 if " avx512f" in text else 8
+    return max(mhz) * 2 * lanes * 2 / 1000 if mhz else None
+
+
+def torch_version():
     try:
         import torch
+        return torch.__version__
     except ImportError:
-        return None, None
-    torch.set_num_threads(threads)
-    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
-    td = torch.from_numpy(d)
+        return None
 
-    def run():
-        for t in (tq, tk, tv):
-            t.grad = None
-        out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=masked)
-        out.backward(td)
 
-    # torch's is_causal aligns the mask top-left (j > i); same as ggml's only for N == M
-    return best_of(run, repeat), torch.__version__
+def growth(rows, kernel, D, masked, threads):
+    """The exponent p of cost ~ N^p (cost per head, N >= 1024), or None."""
+    pts = [(r["N"], r["cpu_s"][kernel] / r["H"]) for r in rows
+           if r["D"] == D and r["masked"] == masked and r["threads"] == threads and r["N"] >= 1024
+           and r["cpu_s"].get(kernel)]
+    if len(pts) < 2:
+        return None
+    x = np.log([p[0] for p in pts])
+    y = np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--quick", action="store_true", help="only the smaller case")
-    ap.add_argument("--no-reference", action="store_true", help="skip the NumPy float64 reference")
+    ap.add_argument("--quick", action="store_true", help="D=64, N=256 and 512 only (a smoke run)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--D", default="64,128")
+    ap.add_argument("--N", default="256,1024,2048,4096")
+    ap.add_argument("--reference-max-n", type=int, default=1024, help="the float64 reference up to this N")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    ap.add_argument("--json", help="write the rows and the summary here")
     args = ap.parse_args()
+    Ds = [64] if args.quick else [int(x) for x in args.D.split(",")]
+    Ns = [256, 512] if args.quick else [int(x) for x in args.N.split(",")]
+    threads_list = [int(x) for x in args.threads.split(",")]
+    has_torch = torch_version() is not None
+    kernels = [k for k in KERNELS if k != "torch" or has_torch]
 
-    cases = [(64, 512, 8), (128, 1024, 8)]
-    if args.quick:
-        cases = cases[:1]
-    print(f"pyggml {pyggml.__version__}, ggml {pyggml.ggml_version()}, {args.threads} threads, "
-          f"best of {args.repeat}; build: native={pyggml.build_info()['native']} "
-          f"openmp={pyggml.build_info()['openmp']}")
-    head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'masked':>6} | {'kernel s':>9} {'GFLOP/s':>8} | "
-            f"{'e2e s':>8} {'e2e/kern':>8} | {'torch s':>8} {'GFLOP/s':>8} {'e2e/torch':>9} | {'numpy s':>8}")
+    sgemm, peak = sgemm_rate(), peak_estimate()
+    info = pyggml.build_info()
+    print(f"pyggml {pyggml.__version__}, ggml {pyggml.ggml_version()} (native={info['native']}), "
+          f"torch {torch_version() or 'absent'}; median of {args.repeat} per CPU-second")
+    print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s; core peak estimate at the reported clock: "
+          f"{f'{peak:.1f} GFLOP/s' if peak else 'unknown'}")
+    head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'mask':>4} {'thr':>3} | " +
+            " ".join(f"{k:>11}" for k in kernels) +
+            f" | {'blk/ggml':>8} {'blk/torch':>9} {'lse/sgemm':>9} | {'MB ggml':>7} {'MB blk':>7}")
+    print("GFLOP/s per CPU-second (nominal flops):")
     print(head)
     print("-" * len(head))
-    worst = 0.0
-    torch_version = None
-    for D, NM, H in cases:
-        q, k, v, d = inputs(1, H, NM, NM, D)
+    rows = []
+    for D in Ds:
+        for N in Ns:
+            H = 8 if N <= 1024 else (4 if N <= 2048 else 2)
+            for masked in (False, True):
+                run = Runner(D, N, H, masked)
+                flops = 10.0 * N * N * D * H * (0.5 if masked else 1.0)
+                mem = {}
+                if not args.no_memory:
+                    mem = {k: extra_memory(run.fn(k, 1)) for k in ("ggml", "blocked")}
+                for threads in threads_list:
+                    cpu = {}
+                    for k in kernels:
+                        if k == "float64" and N > args.reference_max_n:
+                            continue
+                        cpu[k] = cpu_median(run.fn(k, threads), args.repeat if k != "float64" else 1)
+                    rate = {k: flops / t / 1e9 for k, t in cpu.items()}
+                    row = {"D": D, "N": N, "M": N, "H": H, "masked": masked, "threads": threads, "cpu_s": cpu,
+                           "gflops": rate, "extra_bytes": mem,
+                           "blocked_over_ggml": cpu["ggml"] / cpu["blocked"],
+                           "blocked_over_torch": cpu["torch"] / cpu["blocked"] if "torch" in cpu else None,
+                           "lse_over_sgemm": rate["blocked+lse"] / sgemm}
+                    rows.append(row)
+                    cells = " ".join(f"{rate[k]:11.1f}" if k in rate else f"{'-':>11}" for k in kernels)
+                    vs_torch = f"{row['blocked_over_torch']:8.2f}x" if row["blocked_over_torch"] else f"{'-':>9}"
+                    mb = lambda b: f"{b / 2**20:7.1f}" if b is not None else f"{'-':>7}"  # noqa: E731
+                    print(f"{D:4d} {N:5d} {H:2d} {'yes' if masked else 'no':>4} {threads:3d} | {cells} | "
+                          f"{row['blocked_over_ggml']:7.2f}x {vs_torch} {row['lse_over_sgemm']:8.2f}x | "
+                          f"{mb(mem.get('ggml'))} {mb(mem.get('blocked'))}", flush=True)
+                run.close()
+
+    print("\ncost growth in N (cost per head ~ N^p, N >= 1024):")
+    for D in Ds:
         for masked in (False, True):
-            flops = 10.0 * NM * NM * D * H * (0.5 if masked else 1.0)
-            t_kernel, t_e2e = kernel_and_e2e(q, k, v, d, masked, args.threads, args.repeat)
-            worst = max(worst, t_e2e / t_kernel)
-            t_torch, torch_version = torch_backward(q, k, v, d, masked, args.threads, args.repeat)
-            t_ref = None if args.no_reference else best_of(
-                lambda: reference.attention_backward(q, k, v, d, masked=masked), 1)
-            torch_cols = (f"{t_torch:8.3f} {flops / t_torch / 1e9:8.1f} {t_e2e / t_torch:8.2f}x"
-                          if t_torch else f"{'n/a':>8} {'n/a':>8} {'n/a':>9}")
-            print(f"{D:4d} {NM:5d} {H:2d} {str(masked):>6} | {t_kernel:9.4f} {flops / t_kernel / 1e9:8.1f} | "
-                  f"{t_e2e:8.4f} {t_e2e / t_kernel:7.3f}x | {torch_cols} | "
-                  + (f"{t_ref:8.3f}" if t_ref is not None else f"{'n/a':>8}"))
-    print(f"worst end-to-end / kernel ratio: {worst:.3f}x (goal: <= 1.10x)")
-    print(f"torch: {torch_version or 'not importable'}")
+            for threads in threads_list:
+                ps = {k: growth(rows, k, D, masked, threads) for k in kernels}
+                print(f"  D={D} masked={masked!s:5} threads={threads}: " +
+                      ", ".join(f"{k} {p:.2f}" for k, p in ps.items() if p is not None))
+    big = [r for r in rows if r["N"] >= 1024]
+    summary = {}
+    if big:
+        summary = {
+            "blocked_over_ggml_min": min(r["blocked_over_ggml"] for r in big),
+            "blocked_over_ggml_median": statistics.median(r["blocked_over_ggml"] for r in big),
+            "blocked_over_torch_unmasked_min": min((r["blocked_over_torch"] for r in big
+                                                    if not r["masked"] and r["blocked_over_torch"]), default=None),
+            "blocked_over_torch_masked_min": min((r["blocked_over_torch"] for r in big
+                                                  if r["masked"] and r["blocked_over_torch"]), default=None),
+            "lse_over_sgemm_min_1thread": min((r["lse_over_sgemm"] for r in big if r["threads"] == 1),
+                                              default=None),
+            "blocked_lse_over_peak_max_1thread": (max(r["gflops"]["blocked+lse"] for r in big if r["threads"] == 1)
+                                                  / peak if peak else None),
+        }
+        print("\nN >= 1024: " + "; ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sgemm_gflops": sgemm, "peak_estimate_gflops": peak, "rows": rows, "summary": summary}, f,
+                      indent=1)
     return 0
 
 

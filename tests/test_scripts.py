@@ -399,3 +399,22 @@ def test_an_upstream_tree_that_moved_on_is_not_patched(ggml_copy, tmp_path):
     assert ops.read_text() == text + "\n// " + line + "\n"  # nothing changed
     with pytest.raises(SystemExit, match="not a ggml source tree"):
         patch.status(tmp_path / "nothing")
+
+
+def test_the_attention_benchmark_measures_every_kernel_side_by_side(tmp_path):
+    """A smoke run of scripts/bench_flash_attn_back.py (no timing is asserted: rates on a
+    shared machine are the script's output, not a test's): every kernel measured, the
+    ratios computed from the same run, the memory measured."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_flash_attn_back.py"), "--quick",
+                           "--repeat", "1", "--threads", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["sgemm_gflops"] > 0 and len(doc["rows"]) == 4       # N 256, 512 x masked or not
+    for r in doc["rows"]:
+        assert {"ggml", "blocked", "blocked+lse", "float64"} <= set(r["gflops"])
+        assert all(v > 0 for v in r["gflops"].values())
+        assert r["blocked_over_ggml"] == pytest.approx(r["cpu_s"]["ggml"] / r["cpu_s"]["blocked"])
+        assert r["extra_bytes"]["blocked"] > 0 and r["extra_bytes"]["ggml"] > 0
+    assert "GFLOP/s per CPU-second" in proc.stdout and "blk/ggml" in proc.stdout
