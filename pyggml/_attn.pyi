@@ -6,12 +6,14 @@ import numpy as np
 
 from pyggml._core import Context, Tensor
 
-__all__ = ["blocked_backward", "blocked_backward_node", "blocked_offsets", "set_portable"]
+__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "set_isa"]
 
 def blocked_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, d: np.ndarray, lse: np.ndarray | None,
                      o: np.ndarray | None, scale: float, masked: bool, grouping: int,
                      n_threads: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-def set_portable(on: bool) -> int: ...
+ISAS: dict[str, int]
+
+def set_isa(name: str) -> str: ...
 def blocked_offsets(q: Any, k: Any) -> tuple[int, int, int, int]: ...
 def blocked_backward_node(ctx: Context, q: Any, k: Any, v: Any, d: Any, scale: float, masked: bool, grouping: int,
                           lse: Any = None, o: Any = None) -> Tensor: ...

@@ -24,7 +24,7 @@ from pyggml.errors import ArgumentError, GGMLTypeError, GGMLVersionError
 
 cnp.import_array()
 
-__all__ = ["blocked_backward", "blocked_backward_node", "blocked_offsets", "set_portable"]
+__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "set_isa"]
 
 
 cdef int _need_array(object x, str name, int ndim) except -1:
@@ -119,11 +119,18 @@ def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
     return dq, dk, dv
 
 
-def set_portable(on):
-    """set_portable(on) -> int: testing only: force the kernel's portable C path (True) or
-    choose at run time (False). Returns 1 (portable) or 2 (AVX2+FMA), the path in use.
-    Not safe while another thread runs the kernel."""
-    return pyggml_attn_bwd_set_isa(1 if on else 0)
+ISAS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+_ISA_NAMES = {1: "portable", 2: "avx2", 3: "avx512"}
+
+
+def set_isa(name):
+    """set_isa(name) -> str: testing only: the code path of the kernel's inner loops,
+    ``"auto"`` (the best this CPU has: AVX-512, AVX2+FMA, else portable C),
+    ``"portable"``, ``"avx2"`` or ``"avx512"`` (each falls back where the CPU lacks it).
+    Returns the path now in use. Not safe while another thread runs the kernel."""
+    if name not in ISAS:
+        raise ArgumentError(f"set_isa: name must be one of {', '.join(ISAS)}, not {name!r}")
+    return _ISA_NAMES[pyggml_attn_bwd_set_isa(ISAS[name])]
 
 
 def blocked_offsets(q, k):

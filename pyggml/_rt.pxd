@@ -94,7 +94,7 @@ cdef extern from "attn_blocked.h" nogil:
         float * dk
         float * dv
     int pyggml_attn_bwd_compute(const pyggml_attn_bwd * a, int n_threads)
-    int pyggml_attn_bwd_set_isa(int force_portable)
+    int pyggml_attn_bwd_set_isa(int force)
 
 cdef extern from "pyggml_rt.h" nogil:
     void pyggml_attn_bwd_offsets(const ggml_tensor * q, const ggml_tensor * k, int64_t * offs)

@@ -89,18 +89,24 @@ def test_bitwise_deterministic_across_runs_and_thread_counts():
                 assert all(np.array_equal(a, b) for a, b in zip(first, again)), (B, H, KVH, n)
 
 
-def test_the_portable_path_agrees_too():
+def test_every_code_path_agrees_and_the_vector_paths_bit_for_bit():
     rng = np.random.default_rng(3)
     q, k, v, d = make(rng, 2, 4, 2, 33, 65, 17)
     ref = reference.attention_backward(q, k, v, d, masked=True)
-    fast = pyggml.attention_backward(q, k, v, d, masked=True)
+    got = {}
     try:
-        assert _attn.set_portable(True) == 1
-        portable = pyggml.attention_backward(q, k, v, d, masked=True)
+        for name in ("portable", "avx2", "avx512"):
+            used = _attn.set_isa(name)
+            got[used] = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=2)
     finally:
-        _attn.set_portable(False)
-    for p, f, r in zip(portable, fast, ref):
-        assert reference.nmse(p, r) <= NMSE_MAX and reference.nmse(f, r) <= NMSE_MAX
+        assert _attn.set_isa("auto") in ("portable", "avx2", "avx512")
+    assert "portable" in got
+    for name, grads in got.items():
+        assert all(reference.nmse(g, r) <= NMSE_MAX for g, r in zip(grads, ref)), name
+    if "avx2" in got and "avx512" in got:      # the same float operations in the same order
+        assert all(np.array_equal(a, b) for a, b in zip(got["avx2"], got["avx512"]))
+    with pytest.raises(ArgumentError, match="set_isa"):
+        _attn.set_isa("sse2")
 
 
 @pytest.mark.parametrize("masked", [False, True])

@@ -6,8 +6,8 @@
  * the algorithm, the threading design and the determinism guarantees.
  *
  * Results are bitwise identical for any thread count and whether or not a barrier is given
- * (on a given machine and code path; the AVX2/FMA path and the portable path differ in the
- * last bits). */
+ * (on a given machine and code path).  The AVX-512 and AVX2/FMA paths do the same float
+ * operations in the same order and give the same bits; the portable path differs in the last bits. */
 #ifndef PYGGML_ATTN_BLOCKED_H
 #define PYGGML_ATTN_BLOCKED_H
 
@@ -64,10 +64,14 @@ PYGGML_ATTN_API void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith
  * 0 ok, 1 invalid arguments, 2 allocation error, 3 thread creation error. */
 PYGGML_ATTN_API int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_threads);
 
-/* Testing hook (added): 0 = pick the code path at run time (AVX2+FMA when the CPU has it),
- * 1 = force the portable path.  Returns the path now in use: 1 portable, 2 AVX2+FMA.
+/* Testing hook: which code path the kernels use.
+ *   0 = pick at run time: AVX-512 (F/VL/DQ/BW) when the CPU has it, else AVX2+FMA, else portable;
+ *   1 = force the portable path;
+ *   2 = force AVX2+FMA (portable if the CPU lacks it);
+ *   3 = AVX-512 (falls back like 0 if the CPU lacks it).  Other values act as 0.
+ * Returns the path now in use: 1 portable, 2 AVX2+FMA, 3 AVX-512.
  * Not thread-safe against concurrent runs; call it before starting any. */
-PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force_portable);
+PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force);
 
 #ifdef __cplusplus
 }
