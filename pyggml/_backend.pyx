@@ -74,6 +74,32 @@ cdef ggml_status _compute_on(ggml_cgraph * graph, void * backend) noexcept nogil
     return ggml_backend_graph_compute(<ggml_backend_t>backend, graph)
 
 
+cdef int _checked_compute(Graph graph, pyggml_compute_fn compute, void * arg, bint prove, str what) except -1:
+    """The end of a backend's or a scheduler's compute, after their own checks: the
+    indices that exist before the graph runs, the guarded proof of unchecked nodes
+    (``prove``), then ``compute(graph, arg)`` with the GIL released, node by node with
+    the computed indices checked before each reader when the graph has index ops."""
+    cdef char msg[PYGGML_MSG_CAP]
+    cdef int rc, ist
+    cdef ggml_status status
+    if graph._index_ops:
+        _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
+    if prove:
+        _prove(graph)
+    if graph._index_ops:
+        with nogil:
+            rc = pyggml_compute_checked_with(graph.ptr, compute, arg, msg, PYGGML_MSG_CAP, &ist)
+        status = <ggml_status>ist
+        _raise_checked(rc, msg)
+    else:
+        with nogil:
+            status = compute(graph.ptr, arg)
+    if status != GGML_STATUS_SUCCESS:
+        name = ggml_status_to_string(status).decode()
+        raise ComputeError(f"{what} failed: {name}", name)
+    return 0
+
+
 cdef class Backend(Executor):
     """Backend(name="CPU", n_threads=None)
 
@@ -256,31 +282,16 @@ cdef class Backend(Executor):
                                 "tensors are not allocated in a backend buffer yet)")
         if graph._busy:
             raise GraphBusyError("compute: this graph is already being computed in another thread")
-        cdef char msg[PYGGML_MSG_CAP]
-        cdef int rc, ist
-        cdef ggml_status status
         graph._busy = True
         keep = graph._keep_alive()
         try:
             graph._check_memory(keep)
             self._prepare(graph, n)
-            if graph._index_ops:
-                _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
-            if graph._unproven and self.is_cpu:
-                _prove(graph)          # the CPU kernels' proof: another backend has other kernels
-            if graph._index_ops:
-                with nogil:
-                    rc = pyggml_compute_checked_with(graph.ptr, _compute_on, self.ptr, msg, PYGGML_MSG_CAP, &ist)
-                status = <ggml_status>ist
-                _raise_checked(rc, msg)
-            else:
-                with nogil:
-                    status = ggml_backend_graph_compute(self.ptr, graph.ptr)
+            # the CPU kernels' proof: another backend has other kernels
+            _checked_compute(graph, _compute_on, self.ptr, graph._unproven and self.is_cpu,
+                             "ggml_backend_graph_compute")
         finally:
             graph._busy = False
-        if status != GGML_STATUS_SUCCESS:
-            name = ggml_status_to_string(status).decode()
-            raise ComputeError(f"ggml_backend_graph_compute failed: {name}", name)
         return 0
 
 
@@ -593,9 +604,7 @@ cdef class Scheduler:
             cur = self._current
         if graph._busy:
             raise GraphBusyError("compute: this graph is already being computed in another thread")
-        cdef char msg[PYGGML_MSG_CAP]
-        cdef int rc, ist, n
-        cdef ggml_status status
+        cdef int n
         graph._busy = True
         keep = graph._keep_alive()
         try:
@@ -607,23 +616,9 @@ cdef class Scheduler:
                 elif graph._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
                     raise ArgumentError(f"compute: the graph reads positions from tensor values (get_rows, ...), "
                                         f"which pyggml cannot check in {b.name}'s memory")
-            if graph._index_ops:
-                _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
-            if graph._unproven:
-                _prove(graph)
-            if graph._index_ops:
-                with nogil:
-                    rc = pyggml_compute_checked_with(graph.ptr, _sched_compute_on, cur.ptr, msg, PYGGML_MSG_CAP, &ist)
-                status = <ggml_status>ist
-                _raise_checked(rc, msg)
-            else:
-                with nogil:
-                    status = ggml_backend_sched_graph_compute(cur.ptr, graph.ptr)
+            _checked_compute(graph, _sched_compute_on, cur.ptr, graph._unproven, "ggml_backend_sched_graph_compute")
         finally:
             graph._busy = False
-        if status != GGML_STATUS_SUCCESS:
-            name = ggml_status_to_string(status).decode()
-            raise ComputeError(f"ggml_backend_sched_graph_compute failed: {name}", name)
 
 
 def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backend backend2 not None,
