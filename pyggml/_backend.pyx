@@ -451,12 +451,17 @@ cdef class _SchedAllocation:
     cdef int n_nodes
 
     def __dealloc__(self):
-        cdef Backend b
         if self.ptr != NULL:
-            ggml_backend_sched_free(self.ptr)
+            _sched_free(self.ptr, self.backends)
             self.ptr = NULL
-            for b in self.backends:
-                b._users -= 1
+
+
+cdef void _sched_free(ggml_backend_sched_t p, tuple backends) noexcept:
+    """Free a scheduler of _sched_new: its backends may be closed again."""
+    cdef Backend b
+    ggml_backend_sched_free(p)
+    for b in backends:
+        b._users -= 1
 
 
 cdef ggml_backend_sched_t _sched_new(tuple backends, size_t graph_size) except NULL:
@@ -517,12 +522,9 @@ cdef class Scheduler:
         self._registered = []
 
     def __dealloc__(self):
-        cdef Backend b
         if self.ptr != NULL:
-            ggml_backend_sched_free(self.ptr)
+            _sched_free(self.ptr, self.backends)
             self.ptr = NULL
-            for b in self.backends:
-                b._users -= 1
 
     def __repr__(self):
         return f"<pyggml.Scheduler over {', '.join(b.name for b in self.backends)}>"
