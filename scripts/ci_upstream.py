@@ -524,6 +524,20 @@ def bisect(src: str, good: str, bad: str, op: str, test_cmd: str | None, workdir
         if _bisect_sweep(src, op, baseline, workdir) != 0:
             raise SystemExit(f"ci_upstream: --bisect: the good revision {good} does not build or sweep "
                              f"(see {workdir / 'log.txt'})")
+        # (with --bitwise) outputs that are not the good revision's own to give: those that
+        # change from one run of it to the next (a kernel reading memory it does not own)
+        # and those of cases its sweep found reading or writing out of bounds. They would
+        # make every revision look changed; the steps leave them out.
+        again = workdir / "good-again.npz"
+        if bitwise:
+            _bisect_sweep(src, op, again, workdir)
+        unstable = {f"{d['case']}|{d['path']}" for d in (_diff(workdir, baseline, again) or [])
+                    if not d["bitwise"]} if again.exists() else set()
+        doc = json.loads((workdir / "good-again.json").read_text()) if (workdir / "good-again.json").exists() else {}
+        oob = {f"{r['subject']}|{r['type']}|{r['index']}" for r in doc.get("rows", [])
+               if r.get("verdict") in ("oob", "crashed")}
+        (workdir / "unstable.json").write_text(json.dumps(sorted(unstable), indent=1))
+        (workdir / "oob-cases.json").write_text(json.dumps(sorted(oob), indent=1))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--bisect-step", "--bisect-src", src, "--op", op,
                "--bisect-baseline", str(baseline), "--workdir", str(workdir)] + (["--bitwise"] if bitwise else [])
     try:
@@ -550,27 +564,64 @@ def _bisect_sweep(src: str, op: str, save: Path, workdir: Path) -> int:
     env = {**clean_env(), "PYGGML_GGML": "vendored", "PYGGML_GGML_SOURCE_DIR": src}
     if step.run([py, "-m", "pip", "install", "-C", f"build-dir={workdir / 'build'}", str(ROOT)], env=env).returncode:
         return 125
-    run = step.run([py, "-m", "pyggml", "parity", "--op", op, "--save", save, "--workers", "1"], env=env,
-                   cwd=workdir)
+    run = step.run([py, "-m", "pyggml", "parity", "--op", op, "--save", save, "--json", save.with_suffix(".json"),
+                    "--workers", "1"], env=env, cwd=workdir)
     return 0 if save.exists() else (125 if run.returncode else 1)
 
 
 def bisect_step(src: str, op: str, baseline: Path, workdir: Path, bitwise: bool) -> int:
-    """One revision of a bisection: 0 (good) when the op's outputs match the baseline's,
-    1 (bad) when they do not, 125 (skip) when this revision does not build."""
+    """One revision of a bisection: 0 (good) when the op's outputs are wrong against the
+    float64 reference exactly where the good revision's are (with ``bitwise``: when they
+    have the good revision's bits), 1 (bad) otherwise, 125 (skip) when this revision does
+    not build."""
     here = workdir / "step.npz"
     here.unlink(missing_ok=True)
     rc = _bisect_sweep(src, op, here, workdir)
     if rc:
         return rc
-    out = workdir / "step-diff.json"
-    subprocess.run([workdir / "venv" / "bin" / "python", "-m", "pyggml", "parity", "diff", str(baseline), str(here),
-                    "--json", str(out)], capture_output=True)
-    if not out.exists():
+    if not bitwise:
+        # judged by the reference: which of the op's outputs are wrong (beyond tolerance,
+        # out of bounds, crashed) at this revision, against the good revision's. A kernel
+        # reading memory it does not own gives other wrong numbers from build to build;
+        # it stays wrong, so this holds still where a comparison of outputs would not.
+        good_doc, here_doc = baseline.with_suffix(".json"), here.with_suffix(".json")
+        if not (good_doc.exists() and here_doc.exists()):
+            return 125
+        return 0 if wrong_outputs(good_doc) == wrong_outputs(here_doc) else 1
+    diffs = _diff(workdir, baseline, here)
+    if diffs is None:
         return 125
-    per_op = json.loads(out.read_text())["per_op"]
-    changed = sum(o["differ" if bitwise else "beyond"] for o in per_op.values())
-    return 1 if changed else 0
+    leave_out = set(json.loads((workdir / "unstable.json").read_text())) if (workdir / "unstable.json").exists() \
+        else set()
+    oob = set(json.loads((workdir / "oob-cases.json").read_text())) if (workdir / "oob-cases.json").exists() \
+        else set()
+    return 1 if changed_outputs(diffs, leave_out, oob, bitwise) else 0
+
+
+def wrong_outputs(parity_json: Path) -> set[str]:
+    """The outputs (case|path) a sweep found wrong against the float64 reference."""
+    rows = json.loads(parity_json.read_text())["rows"]
+    return {f"{r['subject']}|{r['type']}|{r['index']}|{r['a']}" for r in rows
+            if r["b"] == "reference" and r["verdict"] not in ("ok", "skipped", "refused")}
+
+
+def changed_outputs(diffs: list[dict], unstable: set[str], oob: set[str], bitwise: bool) -> list[dict]:
+    """The rows of ``pyggml parity diff`` that count as a change at a bisection step:
+    not bit-identical (with ``bitwise``) or beyond tolerance, leaving out the outputs
+    the good revision itself gives unstably ("case|path") and its out-of-bounds cases."""
+    return [d for d in diffs if f"{d['case']}|{d['path']}" not in unstable and d["case"] not in oob
+            and not d["bitwise"] and (bitwise or d["beyond"])]
+
+
+def _diff(workdir: Path, a: Path, b: Path) -> list[dict] | None:
+    """``pyggml parity diff a b``'s rows (per case and path), or None when it failed."""
+    out = workdir / "step-diff.json"
+    out.unlink(missing_ok=True)
+    subprocess.run([workdir / "venv" / "bin" / "python", "-m", "pyggml", "parity", "diff", str(a), str(b),
+                    "--json", str(out)], capture_output=True, cwd=workdir)    # not where pyggml's sources are
+    if not out.exists():
+        return None
+    return list(json.loads(out.read_text())["diffs"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,6 +280,35 @@ def test_isa_variants_are_ggml_options():
     assert any("@" in s for s in ci.DEFAULT_SPECS) and sum(s.startswith("pypi:") for s in ci.DEFAULT_SPECS) >= 8
 
 
+def test_a_bisection_step_ignores_what_the_good_revision_gives_unstably():
+    row = lambda case, path, bitwise, beyond: dict(case=case, path=path, bitwise=bitwise, beyond=beyond)  # noqa: E731
+    diffs = [row("op:x|F16|0", "ggml", False, True),          # unstable at the good revision
+             row("op:x|F16|1", "ggml", False, True),          # out of bounds there
+             row("op:x|F32|0", "ggml", False, False),         # within tolerance
+             row("op:x|F32|1", "ggml", True, False),          # the same bits
+             row("op:x|F32|2", "ggml-ref", False, True)]      # a real change
+    got = ci.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=False)
+    assert [d["case"] for d in got] == ["op:x|F32|2"]
+    got = ci.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True)
+    assert [d["case"] for d in got] == ["op:x|F32|0", "op:x|F32|2"]
+    assert ci.changed_outputs(diffs[:2], {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True) == []
+
+
+def test_a_bisection_step_compares_which_outputs_are_wrong(tmp_path):
+    def doc(name, verdicts):
+        rows = [dict(subject="op:x", type="F16", index=i, a=a, b=b, verdict=v) for i, (a, b, v) in enumerate(verdicts)]
+        (tmp_path / name).write_text(json.dumps({"rows": rows}))
+        return tmp_path / name
+    good = doc("good.json", [("ggml", "reference", "fail"), ("ggml", "reference", "ok"),
+                             ("ggml", "torch", "fail"), ("ggml", "reference", "refused")])
+    same = doc("same.json", [("ggml", "reference", "oob"), ("ggml", "reference", "ok"),
+                             ("ggml", "torch", "ok"), ("ggml", "reference", "refused")])
+    fixed = doc("fixed.json", [("ggml", "reference", "ok"), ("ggml", "reference", "ok"),
+                               ("ggml", "torch", "ok"), ("ggml", "reference", "refused")])
+    assert ci.wrong_outputs(good) == {"op:x|F16|0|ggml"} == ci.wrong_outputs(same)   # still wrong
+    assert ci.wrong_outputs(fixed) == set()
+
+
 def test_backend_suffixes_are_pyggml_options():
     assert ci.split_backends("vendored+blas") == ("vendored", ("blas",))
     assert ci.split_backends("src:/x/ggml-org+ggml/repo") == ("src:/x/ggml-org+ggml/repo", ())
