@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Build pyggml against several ggml releases and run the same checks on each.
 
-Each ``--ggml SPEC`` gets its own virtual environment and build directory:
+Each distinct ``--ggml SPEC`` gets its own virtual environment and build directory
+(``WORKDIR/<slug>-<sha256 of the spec's normalised spelling>``: two spellings of one
+spec, such as ``src:PATH`` and ``src:PATH/``, are one spec and run once):
 
 ``vendored``
     the pinned release (vendor/ggml.lock), built from source into the extension;
@@ -44,7 +46,10 @@ With no ``--ggml``: vendored, its ISA variants, and every prebuilt release.
 ``--bisect src:PATH --good REV --bad REV --op NAME`` instead runs ``git bisect`` over the
 upstream checkout PATH: at each revision, pyggml is built against the tree and the op's
 sweep compared with the good revision's (``--bisect-test CMD`` replaces that with a
-shell command of your own, run in the checkout, with git bisect's exit codes).
+shell command of your own, run in the tree, with git bisect's exit codes). The
+revisions are checked out in a separate worktree of PATH's repository
+(``WORKDIR/bisect/worktree``, removed at the end, also on an error or Ctrl-C): the
+checkout PATH itself (its HEAD, branch, index and working tree) is never moved.
 
 Run: ``python scripts/ci_upstream.py [--ggml SPEC ...] [--json matrix.json] [--html matrix.html]``
 """
@@ -52,13 +57,19 @@ Run: ``python scripts/ci_upstream.py [--ggml SPEC ...] [--json matrix.json] [--h
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +155,9 @@ def slug(spec: str) -> str:
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
+    """(kind, argument) of a spec, without its backends and ISA: ("src", the resolved
+    path), ("patched", "" or the resolved path of patched:src:PATH), ("pypi",
+    "libggml-python==X"), ("vendored", "")..."""
     spec, _ = split_isa(spec)
     spec, _ = split_backends(spec)
     kind, _, arg = spec.partition(":")
@@ -154,7 +168,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
         return kind, inner_arg
     if kind == "vendored" and not arg:
         return kind, ""
-    if kind == "pypi" and arg.startswith("libggml-python=="):
+    if kind == "pypi" and re.fullmatch(r"libggml-python==[0-9][0-9A-Za-z.+!_-]*", arg):
         return kind, arg
     if kind in ("src", "prefix") and arg:
         path = Path(arg).expanduser().resolve()
@@ -162,6 +176,50 @@ def parse_spec(spec: str) -> tuple[str, str]:
             raise SystemExit(f"ci_upstream: {spec}: {path} is not a directory")
         return kind, str(path)
     raise SystemExit(f"ci_upstream: bad --ggml {spec!r}: use vendored, pypi:libggml-python==X, src:PATH or prefix:PATH")
+
+
+def normalise_spec(spec: str) -> str:
+    """The one spelling of a ``--ggml`` spec, after every check of one (its kind and
+    argument, its ISA, its backends): a path resolved (``src:x/`` and ``src:/abs/x`` are
+    one spec), the backends sorted and once each (``+cuda+blas`` is ``+blas+cuda``), then
+    the ISA. Raises SystemExit for a spec the grammar does not accept."""
+    kind, arg = parse_spec(spec)
+    base, isa = split_isa(spec)
+    _, backends = split_backends(base)
+    build_defines(spec)                 # its ISA and backends are a source build's
+    if kind == "patched":
+        canon = "patched:" + (f"src:{arg}" if arg else "vendored")
+    elif kind == "vendored":
+        canon = "vendored"
+    else:
+        canon = f"{kind}:{arg}"
+    canon += "".join(f"+{b}" for b in sorted(set(backends)))
+    return canon + (f"@{isa}" if isa else "")
+
+
+def spec_dirname(spec: str) -> str:
+    """The name of a spec's directory in the work directory: a readable slug of its
+    normalised spelling and a short sha256 of it, so that distinct specs never share one
+    (slugs alone do: ``src:/x/a-b`` and ``src:/x/a_b``) and two spellings of one spec
+    always do."""
+    canon = normalise_spec(spec)
+    s = slug(canon)
+    if len(s) > 48:                     # a long path: its start (the kind) and its end
+        s = f"{s[:16].rstrip('-')}--{s[-30:].lstrip('-')}"
+    return f"{s}-{hashlib.sha256(canon.encode()).hexdigest()[:12]}"
+
+
+def distinct_specs(specs: list[str]) -> list[str]:
+    """The specs, each checked, with a later spelling of a spec already there left out
+    (it would run in the same directory and replace the first's results)."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        canon = normalise_spec(spec)
+        if canon in seen:
+            print(f"ci_upstream: --ggml {spec} is {seen[canon]} again ({canon}): run once", flush=True)
+        else:
+            seen[canon] = spec
+    return list(seen.values())
 
 
 class Step:
@@ -184,9 +242,11 @@ class Step:
 
 def clean_env() -> dict[str, str]:
     env = dict(os.environ)
-    # PYGGML_REQUIRE_BROWSER: .ci/run's, for its own environment (the specs' have no browser driver)
+    # PYGGML_REQUIRE_BROWSER: .ci/run's, for its own environment (the specs' have no browser driver);
+    # GIT_*: what git bisect run sets for a step (the upstream worktree's), not pyggml's
     for var in ("PYGGML_GGML", "PYGGML_GGML_SOURCE_DIR", "CMAKE_PREFIX_PATH", "VIRTUAL_ENV", "PYTHONPATH",
-                "PYGGML_REQUIRE_BROWSER", "PYGGML_REQUIRE_BACKENDS", *BACKENDS.values()):
+                "PYGGML_REQUIRE_BROWSER", "PYGGML_REQUIRE_BACKENDS", *BACKENDS.values(),
+                "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_PREFIX"):
         env.pop(var, None)
     return env
 
@@ -194,7 +254,7 @@ def clean_env() -> dict[str, str]:
 def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False) -> dict:
     kind, arg = parse_spec(spec)
     _, isa = split_isa(spec)
-    out = workdir / slug(spec)
+    out = workdir / spec_dirname(spec)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -356,7 +416,12 @@ def diff_specs(rows: list[dict], workdir: Path) -> None:
     for r in rows:
         if r is base or not (r.get("parity_npz") and Path(r["parity_npz"]).exists()):
             continue
-        out = workdir / slug(r["spec"]) / f"diff-{slug(base['spec'])}.json"
+        if Path(r["parity_npz"]).resolve() == Path(base["parity_npz"]).resolve():
+            # not a diff: the same file twice (the specs shared a directory)
+            r["diff"] = {"against": base["spec"], "error": f"{r['parity_npz']} is {base['spec']}'s own sweep"}
+            continue
+        # in the spec's own directory (the one its sweep was saved in)
+        out = Path(r["parity_npz"]).parent / f"diff-{Path(base['parity_npz']).parent.name}.json"
         proc = subprocess.run([base["python"], "-m", "pyggml", "parity", "diff", base["parity_npz"], r["parity_npz"],
                                "--json", str(out)], capture_output=True, text=True, cwd=workdir)
         if out.exists():
@@ -509,18 +574,77 @@ def _git(src: str, *args: str, check: bool = True) -> subprocess.CompletedProces
     return subprocess.run(["git", "-C", src, *args], capture_output=True, text=True, check=check)
 
 
+def _remove_worktree(src: str, tree: Path) -> None:
+    """Remove the worktree ``tree`` of ``src``'s repository (its directory and git's
+    record of it, with its bisection state); also one that is locked, has changes, or
+    whose directory is gone."""
+    _git(src, "worktree", "remove", "--force", "--force", str(tree), check=False)
+    if tree.exists():                   # not a worktree of this repository, or git would not remove it
+        shutil.rmtree(tree, ignore_errors=True)
+        _git(src, "worktree", "remove", "--force", "--force", str(tree), check=False)   # git's record of it
+
+
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def bisect_worktree(src: str, rev: str, workdir: Path) -> Iterator[Path]:
+    """A worktree (``workdir/worktree``) of the checkout ``src``'s repository, detached at
+    ``rev``, in which a bisection checks out its revisions: ``src`` itself (its HEAD,
+    branch, index and working tree) is never moved. Removed on the way out, also on an
+    error, Ctrl-C or SIGTERM."""
+    tree = workdir / "worktree"
+    _remove_worktree(src, tree)         # one a killed run left
+    term = None
+    if threading.current_thread() is threading.main_thread():
+        term = signal.signal(signal.SIGTERM, _sigterm)      # then the finally below runs
+    try:
+        add = _git(src, "worktree", "add", "--detach", str(tree), rev, check=False)
+        if add.returncode:
+            raise SystemExit(f"ci_upstream: --bisect: cannot check out {rev} of {src} in a worktree: "
+                             f"{add.stderr.strip()}")
+        yield tree
+    finally:
+        _remove_worktree(src, tree)
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
+
+
 def bisect(src: str, good: str, bad: str, op: str, test_cmd: str | None, workdir: Path,
            bitwise: bool = False) -> tuple[str | None, str]:
-    """Run ``git bisect`` over the checkout ``src`` between ``good`` and ``bad``: the first
-    commit at which the op's result changed (or ``test_cmd`` failed). Returns (commit or
-    None, git bisect's log)."""
+    """Run ``git bisect`` over the checkout ``src``'s history between ``good`` and
+    ``bad``, in a worktree of its own (bisect_worktree): the first commit at which the
+    op's result changed (or ``test_cmd`` failed). Returns (commit or None, git bisect's
+    log)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    start_rev = _git(src, "rev-parse", "HEAD").stdout.strip()
+    # as the checkout names them: in the worktree, HEAD (HEAD~3, @{-1}...) is another commit
+    good, bad = (_commit(src, rev) for rev in (good, bad))
+    # src may be a subdirectory of its repository (ggml in llama.cpp): the same one of the worktree
+    prefix = _git(src, "rev-parse", "--show-prefix").stdout.strip()
+    with bisect_worktree(src, good, workdir) as tree:
+        return _bisect_in(str(tree), str(tree / prefix) if prefix else str(tree), good, bad, op, test_cmd,
+                          workdir, bitwise)
+
+
+def _commit(src: str, rev: str) -> str:
+    """The commit ``rev`` names in the checkout ``src``."""
+    proc = _git(src, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if proc.returncode:
+        raise SystemExit(f"ci_upstream: --bisect: {rev!r} is not a commit of {src}")
+    return proc.stdout.strip()
+
+
+def _bisect_in(top: str, src: str, good: str, bad: str, op: str, test_cmd: str | None, workdir: Path,
+               bitwise: bool) -> tuple[str | None, str]:
+    """bisect, in the worktree ``top`` (at ``good``, the bisection's to move), of the
+    source tree ``src`` in it (``top`` or a subdirectory)."""
     if test_cmd:
-        cmd = ["sh", "-c", test_cmd]
+        # run in src; a revision without that directory is skipped
+        cmd = ["sh", "-c", test_cmd] if src == top else \
+            ["sh", "-c", f"cd {shlex.quote(src)} 2>/dev/null || exit 125; exec sh -c {shlex.quote(test_cmd)}"]
     else:
         baseline = workdir / "good.npz"
-        _git(src, "checkout", "-q", good)
         if _bisect_sweep(src, op, baseline, workdir) != 0:
             raise SystemExit(f"ci_upstream: --bisect: the good revision {good} does not build or sweep "
                              f"(see {workdir / 'log.txt'})")
@@ -540,15 +664,14 @@ def bisect(src: str, good: str, bad: str, op: str, test_cmd: str | None, workdir
         (workdir / "oob-cases.json").write_text(json.dumps(sorted(oob), indent=1))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--bisect-step", "--bisect-src", src, "--op", op,
                "--bisect-baseline", str(baseline), "--workdir", str(workdir)] + (["--bitwise"] if bitwise else [])
-    try:
-        _git(src, "bisect", "start", bad, good)
-        proc = subprocess.run(["git", "-C", src, "bisect", "run", *cmd], capture_output=True, text=True)
-        log = proc.stdout + proc.stderr
-        m = re.search(r"^([0-9a-f]{40}) is the first bad commit", log, re.M)
-        return (m.group(1) if m else None), log
-    finally:
-        _git(src, "bisect", "reset", check=False)
-        _git(src, "checkout", "-q", start_rev, check=False)
+    # (git bisect runs from the top of a working tree)
+    start = _git(top, "bisect", "start", bad, good, check=False)
+    if start.returncode:
+        raise SystemExit(f"ci_upstream: --bisect: git bisect start {bad} {good} failed: {start.stderr.strip()}")
+    proc = subprocess.run(["git", "-C", top, "bisect", "run", *cmd], capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    m = re.search(r"^([0-9a-f]{40}) is the first bad commit", log, re.M)
+    return (m.group(1) if m else None), log
 
 
 def _bisect_sweep(src: str, op: str, save: Path, workdir: Path) -> int:
@@ -640,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op", metavar="NAME|GLOB", help="--bisect: the subject whose result to follow")
     ap.add_argument("--bitwise", action="store_true", help="--bisect: any change of bits counts, not only beyond "
                                                            "tolerance")
-    ap.add_argument("--bisect-test", metavar="CMD", help="--bisect: a shell command run in the checkout at each "
+    ap.add_argument("--bisect-test", metavar="CMD", help="--bisect: a shell command run in the tree at each "
                                                          "revision instead (exit 0 good, 1-124 bad, 125 skip)")
     ap.add_argument("--bisect-step", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bisect-src", help=argparse.SUPPRESS)
@@ -663,9 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         subject = _git(src, "log", "-1", "--format=%h %ad %s", "--date=short", commit).stdout.strip()
         print(f"\nci_upstream: the first commit where {args.op or 'the test'} changed: {commit}\n  {subject}")
         return 0
-    specs = args.ggml or DEFAULT_SPECS
-    for spec in specs:
-        parse_spec(spec)
+    specs = distinct_specs(args.ggml or DEFAULT_SPECS)
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:

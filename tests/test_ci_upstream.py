@@ -1,0 +1,408 @@
+"""scripts/ci_upstream.py: one work directory per distinct spec, and a bisection that never
+moves the user's checkout (issue 17, item 14). Nothing here builds pyggml: the build steps
+are stubbed."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("ci_upstream_under_test", ROOT / "scripts" / "ci_upstream.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ci = _load()
+
+
+# --- one work directory per distinct spec ----------------------------------------------
+
+
+@pytest.fixture
+def trees(tmp_path, monkeypatch):
+    """Directories whose names slug alike ("x-y", "x_y", "x y" are all "x-y"), a link to
+    one, and the cwd at their parent (for relative spellings)."""
+    base = tmp_path / "trees"
+    for name in ("x", "x-y", "x_y", "x y", "x+y"):
+        (base / name).mkdir(parents=True)
+    (base / "link-to-x").symlink_to(base / "x")
+    monkeypatch.chdir(base)
+    return base
+
+
+def distinct_specs(t):
+    """Specs of the documented grammar, pairwise distinct builds."""
+    return [
+        "vendored", "vendored+blas", "vendored+cuda", "vendored+blas+cuda", "vendored+vulkan", "vendored+metal",
+        "vendored@generic", "vendored@sse42", "vendored@avx", "vendored@avx2", "vendored@avx512",
+        "vendored+blas@avx2", "vendored+blas+cuda@avx2",
+        "patched:vendored", "patched:vendored+blas", "patched:vendored@avx2",
+        "pypi:libggml-python==0.17.0", "pypi:libggml-python==0.9.4", "pypi:libggml-python==0.9.40",
+        f"src:{t / 'x'}", f"src:{t / 'x-y'}", f"src:{t / 'x_y'}", f"src:{t / 'x y'}", f"src:{t / 'x+y'}",
+        f"src:{t / 'x'}+blas", f"src:{t / 'x'}@avx2", f"src:{t / 'x'}+blas@avx2",
+        f"patched:src:{t / 'x'}", f"patched:src:{t / 'x-y'}", f"patched:src:{t / 'x'}+blas@avx",
+        f"prefix:{t / 'x'}", f"prefix:{t / 'x-y'}", f"prefix:{t / 'x_y'}",
+        *ci.DEFAULT_SPECS,
+    ]
+
+
+def equivalent_spellings(t):
+    """Groups of spellings of one spec each."""
+    return [
+        ["vendored+blas+cuda", "vendored+cuda+blas", "vendored+blas+cuda+blas"],
+        ["vendored+cuda+blas@avx2", "vendored+blas+cuda@avx2"],
+        [f"src:{t / 'x'}", f"src:{t / 'x'}/", "src:x", "src:./x/", f"src:{t / 'x-y'}/../x", f"src:{t / 'link-to-x'}",
+         f"src:{t / 'x'}//"],
+        [f"src:{t / 'x'}+blas@avx2", "src:x+blas@avx2", f"src:{t / 'link-to-x'}/+blas@avx2"],
+        [f"patched:src:{t / 'x'}", "patched:src:x/"],
+        [f"prefix:{t / 'x y'}", "prefix:x y/"],
+    ]
+
+
+def test_distinct_specs_get_distinct_work_directories(trees):
+    specs = list(dict.fromkeys(distinct_specs(trees)))          # DEFAULT_SPECS repeats some
+    names = {s: ci.spec_dirname(s) for s in specs}
+    canon = {s: ci.normalise_spec(s) for s in specs}
+    assert len(set(canon.values())) == len(specs), "two distinct specs normalise alike"
+    clash = {n: [s for s in specs if names[s] == n] for n in names.values()}
+    assert {n: ss for n, ss in clash.items() if len(ss) > 1} == {}
+    for s, n in names.items():
+        # one safe, readable path component: the slug of the spec, then a sha256 prefix
+        assert re.fullmatch(r"[A-Za-z0-9.-]+-[0-9a-f]{12}", n), n
+        assert len(n) <= 64
+    assert names["vendored"].startswith("vendored-") and names["vendored+blas"].startswith("vendored-blas-")
+    assert names["pypi:libggml-python==0.17.0"].startswith("pypi-libggml-python-0.17.0-")
+
+
+def test_spellings_of_one_spec_share_a_work_directory(trees):
+    groups = equivalent_spellings(trees)
+    seen = []
+    for group in groups:
+        names = {ci.spec_dirname(s) for s in group}
+        assert len(names) == 1, (group, names)
+        seen.append(names.pop())
+    assert len(set(seen)) == len(groups)
+    # the normalised spelling is itself a spelling of the spec
+    for group in groups:
+        canon = ci.normalise_spec(group[0])
+        assert ci.normalise_spec(canon) == canon
+
+
+def test_every_check_of_a_spec_is_made_when_it_is_normalised(trees):
+    for bad in ("master", "vendored:x", "src:", "src:/no/such/dir", "prefix:/no/such/dir", "pypi:numpy==1.0",
+                "pypi:libggml-python==", "pypi:libggml-python==0.17.0; rm -rf /", "vendored@mmx",
+                "pypi:libggml-python==0.17.0@avx2", "pypi:libggml-python==0.17.0+blas", f"prefix:{trees / 'x'}+blas",
+                f"prefix:{trees / 'x'}@avx2", "patched:pypi:libggml-python==0.17.0", "patched:patched:vendored",
+                "patched:"):
+        with pytest.raises(SystemExit):
+            ci.normalise_spec(bad)
+        with pytest.raises(SystemExit):
+            ci.distinct_specs(["vendored", bad])
+
+
+def _stub_steps(monkeypatch, calls):
+    """Every command of run_spec succeeds without running (and builds nothing)."""
+    def run(self, cmd, env=None, cwd=None, timeout=1800):
+        calls.append([str(c) for c in cmd])
+        with self.log.open("a") as f:
+            f.write(f"$ {' '.join(map(str, cmd))}\n")
+        return subprocess.CompletedProcess(cmd, 1, stdout="")      # the venv "fails": run_spec stops there
+    monkeypatch.setattr(ci.Step, "run", run)
+
+
+def test_a_spec_run_does_not_delete_another_specs_results(tmp_path, trees, monkeypatch):
+    calls = []
+    _stub_steps(monkeypatch, calls)
+    work = tmp_path / "work"
+    results = {}
+    for spec in ("vendored", "vendored+blas", "vendored@avx2", "patched:vendored", f"src:{trees / 'x-y'}",
+                 f"src:{trees / 'x_y'}"):
+        row = ci.run_spec(spec, work, [])
+        out = Path(row["log"]).parent
+        assert out == work / ci.spec_dirname(spec)
+        (out / "result").write_text(spec)
+        results[spec] = out
+    assert len(set(results.values())) == len(results)
+    for spec, out in results.items():                   # none was removed by a later spec's run
+        assert (out / "result").read_text() == spec
+    # the same spec again: its own directory is replaced, the others are left
+    ci.run_spec("vendored", work, [])
+    assert not (results["vendored"] / "result").exists()
+    assert (results["vendored+blas"] / "result").read_text() == "vendored+blas"
+
+
+def test_diff_compares_two_sweeps_in_their_own_directories(tmp_path, monkeypatch):
+    runs = []
+
+    def fake_run(cmd, **kw):
+        runs.append([str(c) for c in cmd])
+        Path(cmd[cmd.index("--json") + 1]).write_text('{"per_op": {}}')
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+    monkeypatch.setattr(ci.subprocess, "run", fake_run)
+    rows = []
+    for spec in ("vendored", "vendored+blas"):
+        d = tmp_path / ci.spec_dirname(spec)
+        d.mkdir()
+        (d / "parity.npz").write_bytes(b"x")
+        rows.append({"spec": spec, "parity_npz": str(d / "parity.npz"), "python": sys.executable})
+    rows.append({"spec": "vendored+blas+blas", "parity_npz": rows[1]["parity_npz"], "python": sys.executable})
+    rows.append({"spec": "copy", "parity_npz": str(tmp_path / ci.spec_dirname("vendored") / "." / "parity.npz"),
+                 "python": sys.executable})
+    ci.diff_specs(rows, tmp_path)
+    assert len(runs) == 2
+    for cmd in runs:
+        a, b = cmd[cmd.index("diff") + 1: cmd.index("diff") + 3]
+        assert a == rows[0]["parity_npz"] and b == rows[1]["parity_npz"] and a != b
+        out = Path(cmd[cmd.index("--json") + 1])
+        assert out.parent == Path(b).parent and ci.spec_dirname("vendored") in out.name
+    assert rows[1]["diff"] == {"against": "vendored", "per_op": {}}
+    assert "own sweep" in rows[3]["diff"]["error"]       # the base's own file: not diffed with itself
+
+
+def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False):
+        ran.append(spec)
+        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
+                    known_defects=[], seconds=0.0, log=str(workdir / ci.spec_dirname(spec) / "log.txt"))
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    argv = []
+    for s in ("vendored", "src:x", f"src:{trees / 'x'}/", "vendored+blas", "vendored", f"src:{trees / 'x-y'}",
+              "vendored+blas+blas"):
+        argv += ["--ggml", s]
+    assert ci.main([*argv, "--workdir", str(tmp_path / "w")]) == 1
+    assert ran == ["vendored", "src:x", "vendored+blas", f"src:{trees / 'x-y'}"]
+    assert "run once" in capsys.readouterr().out
+    ran.clear()
+    with pytest.raises(SystemExit):            # a bad spec stops the run before anything is built
+        ci.main(["--ggml", "vendored", "--ggml", "pypi:libggml-python==0.17.0+blas", "--workdir",
+                 str(tmp_path / "w")])
+    assert ran == []
+
+
+# --- bisect in a worktree ----------------------------------------------------------------
+
+
+def git(repo, *args, check=True):
+    return subprocess.run(["git", "-C", str(repo), *args], check=check, capture_output=True, text=True)
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """A repository whose 7 commits on branch ``main`` hold result.txt (1 1 1 2 2 2 2:
+    commit 3 changes it), in both the top directory and ggml/ (a source tree in a
+    subdirectory, as ggml in llama.cpp); the checkout has a staged change, an unstaged one
+    and an untracked file."""
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "ci@example.invalid")
+    git(repo, "config", "user.name", "ci")
+    shas = []
+    (repo / "ggml").mkdir()
+    for i, value in enumerate([1, 1, 1, 2, 2, 2, 2]):
+        for d in (repo, repo / "ggml"):
+            (d / "result.txt").write_text(f"{value}\n")
+        (repo / "n.txt").write_text(f"{i}\n")
+        (repo / "staged.txt").write_text(f"{i}\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        shas.append(git(repo, "rev-parse", "HEAD").stdout.strip())
+    (repo / "n.txt").write_text("uncommitted\n")
+    (repo / "staged.txt").write_text("staged\n")
+    git(repo, "add", "staged.txt")
+    (repo / "untracked.txt").write_text("mine\n")
+    return repo, shas
+
+
+def checkout_state(repo):
+    """What the user's checkout is: its HEAD (branch and commit), index and working tree,
+    its worktrees, refs and bisection state."""
+    return {
+        "branch": git(repo, "symbolic-ref", "-q", "HEAD", check=False).stdout.strip(),
+        "head": git(repo, "rev-parse", "HEAD").stdout.strip(),
+        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all").stdout,
+        "staged": git(repo, "diff", "--cached").stdout,
+        "unstaged": git(repo, "diff").stdout,
+        "files": sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if ".git" not in p.parts),
+        "worktrees": git(repo, "worktree", "list", "--porcelain").stdout,
+        "refs": git(repo, "for-each-ref").stdout,
+        "bisecting": git(repo, "bisect", "log", check=False).returncode == 0,
+    }
+
+
+def assert_untouched(repo, before, workdir):
+    after = checkout_state(repo)
+    assert after == before
+    assert after["branch"] == "refs/heads/main" and not after["bisecting"]
+    assert len([ln for ln in after["worktrees"].splitlines() if ln.startswith("worktree ")]) == 1
+    assert not (workdir / "worktree").exists()
+    assert not list((repo / ".git").glob("worktrees/*"))
+    assert "refs/bisect" not in git(repo, "for-each-ref").stdout
+
+
+@pytest.mark.parametrize("sub", ["", "ggml"])
+def test_bisect_runs_in_a_worktree_and_leaves_the_checkout_alone(upstream, tmp_path, sub):
+    repo, shas = upstream
+    src = repo / sub if sub else repo
+    before = checkout_state(repo)
+    seen = tmp_path / "seen.txt"
+    # at each revision: judge it, and note where it ran and what the user's checkout was then
+    # (git bisect run sets GIT_DIR to the worktree's for the command)
+    g = f'env -u GIT_DIR -u GIT_WORK_TREE -u GIT_PREFIX git -C "{repo}"'
+    test = (f'r=$(cat result.txt); (pwd -P; {g} symbolic-ref HEAD; {g} rev-parse HEAD; '
+            f'{g} status --porcelain=v1 --untracked-files=all | md5sum) >> "{seen}"; test "$r" = 1')
+    work = tmp_path / "work"
+    commit, log = ci.bisect(str(src), "HEAD~6", "main", "", test, work)
+    assert commit == shas[3], log
+    assert_untouched(repo, before, work)
+    lines = seen.read_text().splitlines()
+    assert len(lines) >= 8 and len(lines) % 4 == 0
+    status_sum = subprocess.run(["md5sum"], input=before["status"], capture_output=True, text=True).stdout
+    for i in range(0, len(lines), 4):
+        where, branch, head, status = lines[i:i + 4]
+        assert where == str((work / "worktree" / sub).resolve()).rstrip("/")   # not the checkout
+        assert (branch, head) == ("refs/heads/main", shas[-1])                 # never moved, even meanwhile
+        assert status == status_sum.strip()
+
+
+def test_a_bisect_test_that_aborts_leaves_the_checkout_alone(upstream, tmp_path):
+    repo, shas = upstream
+    before = checkout_state(repo)
+    commit, log = ci.bisect(str(repo), shas[0], shas[-1], "", "exit 200", tmp_path / "work")  # >127: git aborts
+    assert commit is None
+    assert_untouched(repo, before, tmp_path / "work")
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt, SystemExit])
+def test_a_failing_build_step_leaves_the_checkout_alone(upstream, tmp_path, monkeypatch, exc):
+    """The build of the good revision (stubbed) raises: the worktree is removed, the
+    checkout is where it was."""
+    repo, shas = upstream
+    before = checkout_state(repo)
+    calls = []
+
+    def sweep(src, op, save, workdir):
+        calls.append((src, git(src, "rev-parse", "HEAD").stdout.strip(), checkout_state(repo)))
+        raise exc("the build failed")
+    monkeypatch.setattr(ci, "_bisect_sweep", sweep)
+    work = tmp_path / "work"
+    with pytest.raises(exc):
+        ci.bisect(str(repo), shas[1], shas[-1], "op:x", None, work)
+    assert len(calls) == 1
+    src, head, state = calls[0]
+    assert Path(src) == work / "worktree" and head == shas[1]       # built in the worktree, at the good revision
+    assert (state["branch"], state["head"], state["status"]) == (before["branch"], before["head"], before["status"])
+    assert_untouched(repo, before, work)
+
+
+def test_ctrl_c_during_the_bisection_leaves_the_checkout_alone(upstream, tmp_path, monkeypatch):
+    """git bisect has started (and moved the worktree) when Ctrl-C comes."""
+    repo, shas = upstream
+    before = checkout_state(repo)
+    real_run = subprocess.run
+    moved = []
+
+    def run(cmd, *a, **kw):
+        if cmd[:1] == ["git"] and cmd[3:5] == ["bisect", "run"]:
+            moved.append(real_run(["git", "-C", cmd[2], "rev-parse", "HEAD"], capture_output=True,
+                                  text=True).stdout.strip())
+            raise KeyboardInterrupt
+        return real_run(cmd, *a, **kw)
+    monkeypatch.setattr(ci.subprocess, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        ci.bisect(str(repo), shas[0], shas[-1], "", "true", tmp_path / "work")
+    assert moved and moved[0] not in (shas[0], shas[-1])                  # bisect had checked out a midpoint
+    monkeypatch.setattr(ci.subprocess, "run", real_run)
+    assert_untouched(repo, before, tmp_path / "work")
+
+
+def test_the_bisection_steps_build_the_worktree(upstream, tmp_path, monkeypatch):
+    """With the builds stubbed: the good revision's sweep and the per-revision command
+    (--bisect-step) are pointed at the worktree, not the checkout."""
+    repo, shas = upstream
+    before = checkout_state(repo)
+    sweeps = []
+
+    def sweep(src, op, save, workdir):
+        sweeps.append((src, git(src, "rev-parse", "HEAD").stdout.strip()))
+        save.write_bytes(b"npz")
+        return 0
+    monkeypatch.setattr(ci, "_bisect_sweep", sweep)
+    real_run = subprocess.run
+    steps = []
+
+    def run(cmd, *a, **kw):
+        if cmd[:1] == ["git"] and cmd[3:5] == ["bisect", "run"]:
+            steps.append(cmd)
+            return subprocess.CompletedProcess(cmd, 0, stdout=f"{shas[3]} is the first bad commit\n", stderr="")
+        return real_run(cmd, *a, **kw)
+    monkeypatch.setattr(ci.subprocess, "run", run)
+    work = tmp_path / "work"
+    commit, _ = ci.bisect(str(repo / "ggml"), shas[0], shas[-1], "op:x", None, work)
+    monkeypatch.setattr(ci.subprocess, "run", real_run)
+    assert commit == shas[3]
+    assert sweeps == [(str(work / "worktree" / "ggml"), shas[0])]
+    cmd = steps[0]
+    assert cmd[2] == str(work / "worktree")                 # git bisect runs from the top of the worktree
+    assert cmd[cmd.index("--bisect-src") + 1] == str(work / "worktree" / "ggml")
+    assert_untouched(repo, before, work)
+
+
+def test_a_worktree_left_by_a_killed_run_is_replaced(upstream, tmp_path):
+    repo, shas = upstream
+    work = tmp_path / "work"
+    work.mkdir()
+    git(repo, "worktree", "add", "-q", "--detach", str(work / "worktree"), shas[2])
+    (work / "worktree" / "junk.txt").write_text("left")
+    before = checkout_state(repo)
+    commit, log = ci.bisect(str(repo), shas[0], shas[-1], "", 'test "$(cat result.txt)" = 1', work)
+    assert commit == shas[3], log
+    after = checkout_state(repo)
+    assert after["worktrees"].count("worktree ") == 1
+    assert {k: v for k, v in after.items() if k != "worktrees"} == {k: v for k, v in before.items()
+                                                                  if k != "worktrees"}
+    assert not (work / "worktree").exists()
+
+
+def test_a_revision_the_checkout_does_not_have_is_refused(upstream, tmp_path):
+    repo, shas = upstream
+    before = checkout_state(repo)
+    with pytest.raises(SystemExit, match="not a commit"):
+        ci.bisect(str(repo), "no-such-rev", shas[-1], "", "true", tmp_path / "work")
+    assert_untouched(repo, before, tmp_path / "work")
+
+
+def test_sigterm_during_the_bisection_leaves_the_checkout_alone(upstream, tmp_path):
+    """The script killed (SIGTERM, as a CI job's cancel) while a revision is tested."""
+    import signal
+    import time
+    repo, shas = upstream
+    before = checkout_state(repo)
+    started = tmp_path / "started"
+    work = tmp_path / "work"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "ci_upstream.py"), "--bisect", f"src:{repo}",
+                             "--good", shas[0], "--bad", shas[-1], "--bisect-test", f'touch "{started}"; sleep 60',
+                             "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=5)[0]
+        assert (work / "bisect" / "worktree").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_untouched(repo, before, work / "bisect")
