@@ -66,7 +66,8 @@ def _paths(ap: argparse.ArgumentParser, text: str) -> list[str] | None:
 class _Progress:
     """A progress line on a terminal (stderr), a line every 10 s otherwise."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=None):
+        stream = sys.stderr if stream is None else stream      # the one of now, not of import time
         self.stream, self.tty = stream, stream.isatty()
         self.t0 = self.last = time.monotonic()
 
@@ -82,10 +83,52 @@ class _Progress:
             self.stream.write(f"parity: {done}/{total} cases ({100 * done // total}%), {now - self.t0:.0f} s\n")
             self.stream.flush()
 
+    def clear(self) -> None:
+        """Take the progress line off a terminal (before a message of its own)."""
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever ``message`` holds (a worker's stderr may have many)."""
+    sys.stderr.write("pyggml parity: " + " | ".join(ln.strip() for ln in message.splitlines() if ln.strip()) + "\n")
+    sys.stderr.flush()
+
+
+# the files a run writes, by option and attribute of the parsed arguments
+OUTPUTS = (("--json", "json"), ("--junit", "junit"), ("--save", "save"), ("--html", "html"))
+
+
+def check_outputs(args: argparse.Namespace, options: tuple[tuple[str, str], ...] = OUTPUTS) -> str | None:
+    """Why one of the output paths of ``args`` cannot be written (the first such, with
+    its option), or None: checked before anything runs, so that a long sweep does not
+    end in a report it cannot write."""
+    from pyggml.parity import files, store
+    for option, attr in options:
+        path = getattr(args, attr, None)
+        if path is None:
+            continue
+        why = files.check_writable(store.npz_path(path) if attr == "save" else path)
+        if why:
+            return f"{option} {path}: {why}"
+    return None
+
 
 def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    if getattr(args, "parity_cmd", None) == "diff":
-        return _diff(args, ap)
+    """Exit status: 0 every comparison ok (or refused/skipped), 1 some went wrong (or the
+    workers could not run), 2 bad arguments or an output that cannot be written, 130
+    interrupted (the reports asked for are written, marked partial, with what finished)."""
+    try:
+        if getattr(args, "parity_cmd", None) == "diff":
+            return _diff(args, ap)
+        return _sweep(args, ap)
+    except KeyboardInterrupt:            # before the sweep, or a second Ctrl-C while writing
+        _say("interrupted")
+        return 130
+
+
+def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     import pyggml
     from pyggml.parity import report, runner, store
     from pyggml.parity.subjects import all_subjects
@@ -101,6 +144,11 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     bad_types = [t for t in types if t not in pyggml.Type.__members__]
     if bad_types:
         ap.error(f"--types: unknown {', '.join(bad_types)}")
+    if not args.list:
+        why = check_outputs(args)
+        if why:
+            _say(f"error: {why}")
+            return 2
     subjects = all_subjects(not args.no_probe)
     if args.list:
         for name, s in subjects.items():
@@ -117,8 +165,19 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error("nothing to compare: no subject matches --op/--types (see --list)")
     workers = 2 if args.workers is None else args.workers
     t0 = time.perf_counter()
-    rows, kept = runner.run_cases(cases, paths, workers, not args.no_probe, keep=bool(args.save),
-                                  timeout=args.timeout, progress=_Progress(), n_threads=args.threads)
+    progress = _Progress()
+    stopped: tuple[int, str, str] | None = None      # exit status, why (the reports), the line for stderr
+    try:
+        rows, kept = runner.run_cases(cases, paths, workers, not args.no_probe, keep=bool(args.save),
+                                      timeout=args.timeout, progress=progress, n_threads=args.threads)
+    except runner.Interrupted as e:
+        rows, kept = e.rows, e.kept
+        stopped = (130, f"interrupted after {e.done} of {e.total} cases", f"interrupted: {e.done} of {e.total} "
+                   "cases finished")
+    except runner.WorkerError as e:
+        rows, kept = e.rows, e.kept
+        stopped = (1, f"stopped after {e.done} of {e.total} cases: {e}", f"error: {e}")
+    progress.clear()
     elapsed = time.perf_counter() - t0
     if args.verbose:
         print(report.format_rows(rows))
@@ -132,33 +191,64 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     meta: dict[str, Any] = {"identity": store.build_identity(), "quick": args.quick, "seed": args.seed,
                             "ops": args.op, "types": types, "paths": paths, "threads": args.threads,
                             "seconds": elapsed}
+    if stopped:
+        meta["partial"], meta["stopped"] = True, stopped[1]
+        print(f"PARTIAL: the sweep was {stopped[1]}; the counts above and the reports are of the cases that finished")
+        sys.stdout.flush()
+    failed = False
+
+    def write(option: str, path: str, fn: Any) -> Any:
+        """``fn()`` (a writer, atomic): its value, or None and one line when it could not write."""
+        nonlocal failed
+        try:
+            return fn()
+        except OSError as e:             # checked before the sweep, but a disk fills up
+            _say(f"error: {option} {path}: {e.strerror or e}")
+            failed = True
+            return None
+
     if args.json:
-        report.write_json(rows, args.json, meta)
+        write("--json", args.json, lambda: report.write_json(rows, args.json, meta))
     if args.junit:
-        report.write_junit(rows, args.junit, elapsed)
+        write("--junit", args.junit, lambda: report.write_junit(rows, args.junit, elapsed, partial=bool(stopped)))
     if args.save:
         # what two builds may differ by on each case: the tolerance between two ggml paths
         meta["tolerances"] = {c.key: subjects[c.subject].tolerance(c, "ggml", "ggml-ref") for c in cases
                               if c.key in kept}
-        n = store.save(args.save, kept, meta)
-        print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
+        n = write("--save", args.save, lambda: store.save(args.save, kept, meta))
+        if n is not None:
+            print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
     if args.html:
         from pyggml.parity import html
-        html.write_html(rows, args.html, meta)
+        write("--html", args.html, lambda: html.write_html(rows, args.html, meta))
+    if stopped:
+        _say(stopped[2] + ("; the reports written are partial" if any((args.json, args.junit, args.save, args.html))
+                           and not failed else ""))
+        return stopped[0]
+    if failed:
+        return 2
     return 1 if any(r.verdict in BAD for r in rows) else 0
 
 
 def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    from pyggml.parity import store
+    from pyggml.parity import files, store
     for p in (args.a, args.b):
         if not os.path.exists(p):
             ap.error(f"diff: no such file {p}")
+    why = check_outputs(args, (("--json", "json"),))
+    if why:
+        _say(f"error: {why}")
+        return 2
     meta_a, meta_b, diffs = store.diff(args.a, args.b, tol=args.tol)
     if not diffs:
         ap.error("diff: the two files have no case and path in common")
     text, beyond = store.format_diff(meta_a, meta_b, diffs, args.limit)
     print(text)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(store.to_json(meta_a, meta_b, diffs), f, indent=1)
+        try:
+            with files.atomic_write(args.json) as f:
+                json.dump(store.to_json(meta_a, meta_b, diffs), f, indent=1)
+        except OSError as e:
+            _say(f"error: --json {args.json}: {e.strerror or e}")
+            return 2
     return 1 if beyond else 0

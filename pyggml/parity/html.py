@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from pyggml.parity.files import atomic_write
 from pyggml.parity.model import BAD, VERDICTS, Row
 
 __all__ = ["render", "worst_verdict", "write_html"]
@@ -39,6 +40,7 @@ td.cell{{min-width:48px;text-align:center;color:#fff;cursor:default}}td.none{{ba
 .plots{{display:flex;flex-wrap:wrap;gap:8px}}svg text{{font:9px system-ui,sans-serif;fill:#495057}}
 figure{{margin:0;padding:4px 6px;border:1px solid #e9ecef;border-radius:4px}}figcaption{{font:12px {_MONO}}}
 details{{margin:3px 0;padding:2px 8px;border-left:4px solid #adb5bd;background:#fcfcfd}}.detail{{white-space:pre-wrap}}
+.partial{{padding:6px 10px;background:#fff3bf;border-left:4px solid #f08c00;font-weight:600}}
 summary{{cursor:pointer;font:12px {_MONO}}}pre{{background:#f1f3f5;padding:8px;overflow:auto;font-size:12px}}
 """ + "".join(f".v-{v}{{background:{c}}}details.d-{v}{{border-color:{c}}}" for v, c in _COLOUR.items()) \
     + ".v-skipped{color:#495057!important}"
@@ -104,7 +106,12 @@ def _header(rows: list[Row], meta: dict[str, Any]) -> str:
         dl.append(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>")
     ref = [r.nmse for r in rows if r.b == "reference" and r.nmse is not None and math.isfinite(r.nmse)]
     n_cases = len({(r.subject, r.type, r.index) for r in rows})
-    return (f"<h1>pyggml parity report: ggml {_e(ident.get('ggml_version', '?'))}</h1><dl>{''.join(dl)}</dl>"
+    partial = ""
+    if meta.get("partial"):
+        partial = (f'<p class="partial" id="partial">Partial report: the sweep did not finish'
+                   f'{": " + _e(meta["stopped"]) if meta.get("stopped") else ""}. Everything below is of the cases '
+                   f"that finished.</p>")
+    return (f"<h1>pyggml parity report: ggml {_e(ident.get('ggml_version', '?'))}</h1>{partial}<dl>{''.join(dl)}</dl>"
             f"<p>{len({r.subject for r in rows})} subjects, {n_cases} cases, {len(rows)} comparisons; worst "
             f"finite NMSE against the reference {_num(max(ref, default=None))}</p>"
             f"<p>{_badges(collections.Counter(r.verdict for r in rows))}</p>")
@@ -234,6 +241,6 @@ def render(rows: list[Row], meta: dict[str, Any], matrix: dict[str, Any] | None 
 
 def write_html(rows: list[Row], path: str, meta: dict[str, Any] | None = None,
                matrix: dict[str, Any] | None = None) -> None:
-    """Write :func:`render` to ``path`` (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
+    """Write :func:`render` to ``path`` (UTF-8), atomically."""
+    with atomic_write(path, "w", encoding="utf-8") as f:
         f.write(render(rows, meta or {}, matrix))

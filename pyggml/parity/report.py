@@ -9,6 +9,7 @@ import math
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from pyggml.parity.files import atomic_write
 from pyggml.parity.model import BAD, Row
 from pyggml.parity.runner import summarize
 
@@ -66,19 +67,26 @@ def format_summary(rows: list[Row], failures: int = 20, every: bool = False) -> 
 
 
 def write_json(rows: list[Row], path: str, meta: dict[str, Any] | None = None) -> None:
+    """Every row, the summary and ``meta``, atomically. A sweep that did not finish
+    (``meta["partial"]``) also says so at the top: ``"partial": true``."""
     doc: dict[str, Any] = {"rows": [r.as_dict() for r in rows], "summary": summarize(rows), "meta": meta or {}}
+    if doc["meta"].get("partial"):
+        doc["partial"] = True
     s = doc["summary"]
     if not math.isfinite(s["worst_nmse"]):
         s["worst_nmse"] = str(s["worst_nmse"])
-    with open(path, "w") as f:
+    with atomic_write(path) as f:
         json.dump(doc, f, indent=1)
 
 
-def write_junit(rows: list[Row], path: str, elapsed: float = 0.0) -> None:
+def write_junit(rows: list[Row], path: str, elapsed: float = 0.0, partial: bool = False) -> None:
+    """A JUnit XML report, atomically; ``partial``: a property says the sweep did not finish."""
     s = summarize(rows)
     bad = sum(s[v] for v in BAD)
     suite = ET.Element("testsuite", name="pyggml.parity", tests=str(len(rows)), failures=str(bad),
                        skipped=str(s["refused"] + s["skipped"]), time=f"{elapsed:.3f}")
+    if partial:
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="partial", value="true")
     for r in rows:
         tc = ET.SubElement(suite, "testcase", classname=f"parity.{r.subject}", name=f"{r.case} {r.a}~{r.b}")
         if r.verdict in ("refused", "skipped"):
@@ -86,4 +94,5 @@ def write_junit(rows: list[Row], path: str, elapsed: float = 0.0) -> None:
         elif r.verdict in BAD:
             f = ET.SubElement(tc, "failure", message=f"{r.verdict}: {r.detail[:500]}")
             f.text = r.repro
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    with atomic_write(path, "wb") as out:
+        ET.ElementTree(suite).write(out, encoding="utf-8", xml_declaration=True)

@@ -6,6 +6,7 @@ sweep goes on; a worker takes cases in batches and is replaced only when it dies
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing as mp
@@ -20,7 +21,7 @@ import numpy as np
 from pyggml.parity.model import BAD, Case, Outcome, Row, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
-__all__ = ["check_case", "run_cases", "select"]
+__all__ = ["Interrupted", "WorkerError", "check_case", "run_cases", "select"]
 
 Progress = Callable[[int, int, Case], None]
 
@@ -106,7 +107,34 @@ def _crash_rows(case: Case, paths: Iterable[str] | None, verdict: str, detail: s
 
 # --- worker processes ------------------------------------------------------------------
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped :func:`run_cases`: the workers are gone, and ``rows`` and ``kept``
+    hold the cases that finished (``done`` of ``total``), as run_cases would return them."""
+
+    def __init__(self, rows: list[Row], kept: dict[str, dict[str, list[np.ndarray]]], done: int, total: int):
+        super().__init__(f"interrupted after {done} of {total} cases")
+        self.rows, self.kept, self.done, self.total = rows, kept, done, total
+
+
+class WorkerError(RuntimeError):
+    """Workers kept dying before running any case (a broken install, something killing
+    them): no case is to blame. ``rows``, ``kept``, ``done``, ``total`` as in :class:`Interrupted`."""
+
+    def __init__(self, message: str, rows: list[Row], kept: dict[str, dict[str, list[np.ndarray]]], done: int,
+                 total: int):
+        super().__init__(message)
+        self.rows, self.kept, self.done, self.total = rows, kept, done, total
+
+
+# a worker that dies with no case running blames no case, and its cases go back; this
+# many such deaths in a row with no case started in between end the sweep (WorkerError)
+_IDLE_DEATHS = 3
+
+
 def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
+    # Ctrl-C is the parent's to handle: it stops the workers and keeps what finished
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)                       # ggml's messages before an abort land here
     os.close(fd)
@@ -123,31 +151,93 @@ def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
             conn.send(("done", i, rows, arrays))
 
 
+def _in_main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _start_ignoring_sigint(proc: Any) -> None:
+    """Start ``proc`` with SIGINT ignored from its first instruction (a terminal's Ctrl-C
+    goes to the whole process group; a worker still importing would print a traceback).
+    SIGINT is blocked meanwhile here, so one that comes is delivered after, not lost."""
+    if not _in_main_thread() or signal.getsignal(signal.SIGINT) is None:
+        proc.start()
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)      # inherited across exec, blocked or not
+        try:
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+class _SigintFlag:
+    """While active (in the main thread, where Ctrl-C is not ignored), SIGINT sets
+    ``hit`` instead of raising KeyboardInterrupt wherever the sweep happens to be."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._old: Any = None
+        self._active = False
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.hit = True
+
+    def __enter__(self) -> "_SigintFlag":
+        if _in_main_thread():
+            old = signal.getsignal(signal.SIGINT)
+            if old not in (signal.SIG_IGN, None):
+                self._old, self._active = old, True
+                signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            signal.signal(signal.SIGINT, self._old)
+
+
 class _Worker:
     def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int) -> None:
-        self.stderr = tempfile.NamedTemporaryFile(prefix="pyggml-parity-", suffix=".err", delete=False)
-        self.stderr.close()
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr.name),
-                                daemon=True)
-        self.proc.start()
-        child.close()
         self.inflight: list[tuple[int, Case]] = []
         self.current: int | None = None
         self.started = time.monotonic()
+        self.last_words = ""             # the end of its stderr, once killed
+        fd, self.stderr = tempfile.mkstemp(prefix="pyggml-parity-", suffix=".err")
+        os.close(fd)
+        try:
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr),
+                                    daemon=True)
+            try:
+                _start_ignoring_sigint(self.proc)
+            finally:
+                child.close()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(self.stderr)
+            raise
 
     def tail(self) -> str:
         try:
-            with open(self.stderr.name, "rb") as f:
+            with open(self.stderr, "rb") as f:
                 f.seek(0, 2)
                 f.seek(max(0, f.tell() - 1500))
                 return f.read().decode("utf-8", "replace").strip()
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL without waiting (Ctrl-C: every worker at once, then :meth:`close`)."""
+        with contextlib.suppress(Exception):
+            if self.proc.is_alive():
+                self.proc.kill()
+
     def close(self, kill=False):
-        if kill and self.proc.is_alive():
-            self.proc.kill()
+        if kill:
+            self.kill()
         try:
             if not kill:
                 self.conn.send(None)
@@ -158,10 +248,10 @@ class _Worker:
             self.proc.kill()
             self.proc.join()
         self.conn.close()
-        try:
-            os.unlink(self.stderr.name)
-        except OSError:
-            pass
+        if kill and os.path.exists(self.stderr):
+            self.last_words = self.tail()        # read before the file goes
+        with contextlib.suppress(OSError):
+            os.unlink(self.stderr)
 
 
 def _death(proc) -> str:
@@ -180,7 +270,12 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
     """Check every case; rows in the order of ``cases``. ``workers`` processes (0: in
     this process); a case that takes more than ``timeout`` seconds is a ``timeout`` row.
     With ``keep``, also {case key: {path: arrays}}. ``n_threads``: ggml's threads per
-    computation."""
+    computation.
+
+    A worker that dies while computing a case makes that case a ``crashed`` row; one that
+    dies between cases blames none, and its cases run again in a new worker. Ctrl-C
+    stops the workers and raises :class:`Interrupted` (a KeyboardInterrupt) with the
+    cases that finished."""
     paths = list(paths) if paths is not None else None
     results: dict[int, list[Row]] = {}
     kept: dict[str, dict[str, list[np.ndarray]]] = {}
@@ -195,69 +290,106 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
         if progress:
             progress(done, len(cases), cases[i])
 
+    def finished() -> list[Row]:
+        return [r for i in range(len(cases)) if i in results for r in results[i]]
+
     if workers <= 0:
-        for i, c in enumerate(cases):
-            rows, arrays = check_case(c, paths, probe, keep, n_threads)
-            finish(i, rows, arrays)
-        return [r for i in range(len(cases)) for r in results[i]], kept
+        try:
+            for i, c in enumerate(cases):
+                rows, arrays = check_case(c, paths, probe, keep, n_threads)
+                finish(i, rows, arrays)
+        except KeyboardInterrupt as e:
+            raise Interrupted(finished(), kept, len(results), len(cases)) from e
+        return finished(), kept
 
     ctx = mp.get_context("spawn")        # a clean interpreter: no inherited threads or OpenMP state
     todo = list(enumerate(cases))
-    todo.reverse()
-    pool = [_Worker(ctx, paths, probe, keep, n_threads) for _ in range(min(workers, max(1, len(cases))))]
-    try:
-        def feed(w: _Worker):
-            chunk = [todo.pop() for _ in range(min(batch, len(todo)))]
-            w.inflight = chunk
-            w.current = None
-            if chunk:
-                w.started = time.monotonic()
-                w.conn.send(chunk)
+    todo.reverse()                       # popped from the end: in order
+    pool: list[_Worker] = []
+    idle_deaths = 0
+    with _SigintFlag() as sigint:
+        try:
+            def feed(w: _Worker):
+                chunk = [todo.pop() for _ in range(min(batch, len(todo)))]
+                w.inflight = chunk
+                w.current = None
+                if chunk:
+                    w.started = time.monotonic()
+                    try:
+                        w.conn.send(chunk)
+                    except OSError:      # it died already: its sentinel says so next round
+                        pass
 
-        for w in pool:
-            feed(w)
-        while any(w.inflight for w in pool):
-            busy = [w for w in pool if w.inflight]
-            ready = mp.connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=1.0)
-            now = time.monotonic()
-            for w in busy:
-                dead = w.proc.sentinel in ready and not w.conn.poll()
-                try:
-                    while w.conn.poll():
-                        msg = w.conn.recv()
-                        if msg[0] == "start":
-                            w.current, w.started = msg[1], time.monotonic()
-                        elif msg[0] == "done":
-                            finish(msg[1], msg[2], msg[3])
-                            w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
-                            w.current = None
-                            if not w.inflight:      # the worker reads its next batch when done with this one
-                                feed(w)
-                except (EOFError, OSError):
-                    dead = True
-                hung = w.current is not None and now - w.started > timeout
-                if not (dead or hung):
-                    continue
-                # the case in flight is the culprit; the rest of the batch goes back
-                verdict = "timeout" if hung and not dead else "crashed"
-                w.close(kill=True)
-                detail = (f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc))
-                tail = w.tail()
-                if tail:
-                    detail += f"; stderr: {tail[-600:]}"
-                culprit = w.current if w.current is not None else (w.inflight[0][0] if w.inflight else None)
-                for i, c in w.inflight:
-                    if i == culprit:
-                        finish(i, _crash_rows(c, paths, verdict, detail, probe))
-                    else:
-                        todo.append((i, c))
-                w.inflight = []
-                pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads)
-                feed(nw)
-    finally:
-        for w in pool:
-            w.close()
-    return [r for i in range(len(cases)) for r in results[i]], kept
+            for _ in range(min(workers, max(1, len(cases)))):
+                if sigint.hit:
+                    break
+                pool.append(_Worker(ctx, paths, probe, keep, n_threads))
+                feed(pool[-1])
+            while not sigint.hit and any(w.inflight for w in pool):
+                busy = [w for w in pool if w.inflight]
+                ready = mp.connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.25)
+                if sigint.hit:
+                    break
+                now = time.monotonic()
+                for w in busy:
+                    dead = w.proc.sentinel in ready and not w.conn.poll()
+                    try:
+                        while w.conn.poll():
+                            msg = w.conn.recv()
+                            if msg[0] == "start":
+                                w.current, w.started = msg[1], time.monotonic()
+                                idle_deaths = 0
+                            elif msg[0] == "done":
+                                finish(msg[1], msg[2], msg[3])
+                                w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
+                                w.current = None
+                                if not w.inflight:      # the worker reads its next batch when done with this one
+                                    feed(w)
+                    except (EOFError, OSError):
+                        dead = True
+                    hung = w.current is not None and now - w.started > timeout
+                    if not (dead or hung):
+                        continue
+                    # the case it was computing (it said "start", not yet "done") is the
+                    # culprit; with none (it died between cases, or before its first), no
+                    # case is: the rest of the batch goes back, to be run in order
+                    verdict = "timeout" if hung and not dead else "crashed"
+                    w.close(kill=True)
+                    detail = (f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc))
+                    if w.last_words:
+                        detail += f"; stderr: {w.last_words[-600:]}"
+                    culprit = w.current
+                    rest = [(i, c) for i, c in w.inflight if i != culprit]
+                    todo.extend(reversed(rest))
+                    if culprit is not None:
+                        finish(culprit, _crash_rows(cases[culprit], paths, verdict, detail, probe))
+                    w.inflight = []
+                    if culprit is None and rest:
+                        idle_deaths += 1
+                        if idle_deaths >= _IDLE_DEATHS:
+                            raise WorkerError(f"{idle_deaths} parity workers in a row died before running a case "
+                                              f"(last: {detail})", finished(), kept, len(results), len(cases))
+                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads)
+                    feed(nw)
+        except BaseException:
+            for w in pool:               # all at once: no worker waits for the others' joins
+                w.kill()
+            raise
+        finally:
+            if sigint.hit:
+                for w in pool:           # what finished before Ctrl-C, still in the pipe, counts
+                    with contextlib.suppress(EOFError, OSError):
+                        while w.conn.poll():
+                            msg = w.conn.recv()
+                            if msg[0] == "done" and msg[1] not in results:
+                                finish(msg[1], msg[2], msg[3])
+                for w in pool:
+                    w.kill()
+            for w in pool:
+                w.close()
+        if sigint.hit:
+            raise Interrupted(finished(), kept, len(results), len(cases))
+    return finished(), kept
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:

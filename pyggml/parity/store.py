@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from pyggml.parity.files import atomic_write
 from pyggml.parity.model import compare_outputs
 
-__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "per_op", "save", "to_json"]
+__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "npz_path", "per_op", "save", "to_json"]
 
 _SEP = "||"
 
@@ -31,9 +32,16 @@ def build_identity() -> dict[str, Any]:
             "cpu_features": sorted(k for k, v in feats.items() if v), "backend": "CPU"}
 
 
+def npz_path(path: str) -> str:
+    """The file :func:`save` writes for ``path``: with ``.npz`` appended where it has not
+    that suffix (as numpy's ``savez`` names it)."""
+    return path if path.endswith(".npz") else path + ".npz"
+
+
 def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str, Any] | None = None) -> int:
     """Write every path's arrays of every case to an .npz (key: case key, path, index),
-    with the build identity and ``meta``. Returns the number of arrays."""
+    with the build identity and ``meta``, atomically (to :func:`npz_path`). Returns the
+    number of arrays."""
     arrays = {}
     for key, paths in kept.items():
         for p, arrs in paths.items():
@@ -41,7 +49,8 @@ def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str
                 arrays[_SEP.join((key, p, str(i)))] = np.asarray(a)
     doc = {"identity": build_identity(), "meta": meta or {}}
     arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
-    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
+    with atomic_write(npz_path(path), "wb") as f:
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
     return len(arrays)
 
 
