@@ -1,6 +1,7 @@
 # cython: language_level=3
 # The Backend and the Scheduler, for the training module (pyggml._opt) to cimport.
 
+from pyggml._ggml cimport ggml_cgraph, ggml_status
 from pyggml._ggml_backend cimport ggml_backend_t, ggml_backend_sched_t
 from pyggml._graph cimport Executor, Graph
 
@@ -12,6 +13,9 @@ cdef class Backend(Executor):
     cdef object _n_threads
     cdef bint _use_ref
     cdef int _users             # schedulers over this backend: it cannot be freed while they live
+    cdef object _lock           # a threading.Lock: one compute at a time (lock_backends)
+    cdef bint _poisoned         # ggml's C++ threw in a compute: the backend's state is unusable
+    cdef void _free(self) noexcept
     cdef int _need_open(self) except -1
     cdef int _prepare(self, Graph graph, int n) except -1
     cdef int _check_supported(self, Graph graph) except -1
@@ -23,5 +27,12 @@ cdef class Scheduler:
     cdef Backend cpu
     cdef size_t graph_size
     cdef object _current                # the _SchedAllocation of the last alloc_graph
-    cdef list _registered               # [(context, storage)] of it
+    cdef object _history                # its allocations still placing tensors (_History)
     cdef int _check_nodes(self, Graph graph) except -1
+
+
+# one compute at a time per backend (pyggml._opt's epochs take the same locks)
+cdef int lock_backends(tuple backends, str what) except -1
+cdef void unlock_backends(tuple backends) noexcept
+cdef void set_callback_holds(object holds) noexcept
+cdef int _raise_status(ggml_status status, str what, tuple backends) except -1

@@ -1,6 +1,7 @@
 # cython: language_level=3, embedsignature=True
 """pyggml._backend: ggml's backends (ggml-backend.h): the device registry, a backend,
-backend buffers for the tensors of a ``no_alloc`` context, and computing a graph with
+backend buffers for the tensors of a ``no_alloc`` context, graph allocation (the graph
+allocator and the scheduler, _backend_alloc.pxi), and computing a graph with
 ``ggml_backend_graph_compute``.
 
 A :class:`Backend` is an Executor (the seam of pyggml._graph): computing a graph on it
@@ -8,27 +9,29 @@ runs the same checks as the CPU executor first (indices in range, the guarded pr
 nodes pyggml has no kernel rule for, the work size FLASH_ATTN_BACK needs), then hands
 the graph to ggml's backend with the GIL released.
 
-Ownership: a backend buffer is a :class:`~pyggml._core.Storage` that frees it; the
-context whose tensors it holds keeps it while open, and numpy views of those tensors
-(host buffers only) keep it after. A Backend is freed by ``close()`` or when collected;
-buffers it allocated stay valid after (ggml's buffers do not reference their backend).
+Ownership (docs/ownership.md): backend memory is an :class:`~pyggml._core.Allocation`,
+which clears the tensors it placed when it is released or freed, so that no tensor
+points into freed memory; the contexts whose tensors it placed hold it. A Backend
+computes one graph at a time (its lock: ggml's CPU backend keeps one work buffer per
+backend); ``close()`` refuses while a compute, a Scheduler or an Optimizer uses it.
 """
 
 cimport cython
 
-import weakref
+import threading
 from libc.stdint cimport uintptr_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memset
 
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport Context, Storage, Tensor, need_open, raise_aborted
+from pyggml._core cimport Allocation, Context, Storage, Tensor, allocation_of, need_open, raise_aborted
 from pyggml._graph cimport Executor, Graph
-from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked
+from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked, note_threads, run_interruptibly, wants_async
 
-from pyggml.errors import (ArgumentError, ComputeError, GGMLVersionError, GraphBusyError,
-                           UnsupportedOpError, UpstreamDefect)
+from pyggml.errors import (ArgumentError, ComputeError, ContextFullError, GGMLAbort, GGMLVersionError,
+                           GraphBusyError, InUseError, UnsupportedOpError, UpstreamDefect)
 
 __all__ = ["Backend", "GraphAllocator", "Scheduler", "backends", "compare_graph_backend"]
 
@@ -70,33 +73,137 @@ cdef size_t _fab_need(Graph graph, int n_threads) except? 0:
     return need
 
 
+
+# --- one compute at a time per backend --------------------------------------------------
+
+# While an Optimizer's epoch calls its Python callback: (the thread it runs on, the
+# backends the epoch holds). A compute on one of them from that callback would wait for
+# the epoch that waits for the callback: it raises instead (set by pyggml._opt).
+cdef object _callback_holds = None
+
+
+cdef void set_callback_holds(object holds) noexcept:
+    global _callback_holds
+    _callback_holds = holds
+
+
+cdef int lock_backends(tuple backends, str what) except -1:
+    """Take the lock of every backend (in one order: no two callers deadlock), waiting for
+    a compute on another thread to end (interruptibly); then check each is still open.
+    InUseError where the caller is the callback of the epoch that holds one of them."""
+    cdef Backend b
+    holds = _callback_holds
+    if holds is not None and holds[0] == threading.get_ident():
+        for b in backends:
+            if b in holds[1]:
+                raise InUseError(f"{what}: Backend {b.name} is in use by the Optimizer.epoch whose callback is "
+                                 f"running: compute on it after the epoch")
+    taken = []
+    try:
+        for b in sorted(backends, key=id):
+            b._lock.acquire()
+            taken.append(b)
+        for b in backends:
+            b._need_open()
+    except BaseException:
+        for b in taken:
+            b._lock.release()
+        raise
+    return 0
+
+
+cdef void unlock_backends(tuple backends) noexcept:
+    cdef Backend b
+    for b in backends:
+        b._lock.release()
+
+
 cdef ggml_status _compute_on(ggml_cgraph * graph, void * backend) noexcept nogil:
-    return ggml_backend_graph_compute(<ggml_backend_t>backend, graph)
+    return pyggml_backend_compute_nothrow(graph, backend)
 
 
-cdef int _checked_compute(Graph graph, pyggml_compute_fn compute, void * arg, bint prove, str what) except -1:
-    """The end of a backend's or a scheduler's compute, after their own checks: the
-    indices that exist before the graph runs, the guarded proof of unchecked nodes
-    (``prove``), then ``compute(graph, arg)`` with the GIL released, node by node with
-    the computed indices checked before each reader when the graph has index ops."""
+cdef int _raise_status(ggml_status status, str what, tuple backends) except -1:
+    """ComputeError for a failed compute; ContextFullError when ggml's C++ threw (the
+    CPU backend's work buffer: the backends are then unusable, see Backend._poisoned)."""
+    cdef Backend b
+    if status == GGML_STATUS_SUCCESS:
+        return 0
+    if <int>status == PYGGML_STATUS_CXX_BAD_ALLOC or <int>status == PYGGML_STATUS_CXX_OTHER:
+        for b in backends:
+            b._poisoned = True
+        why = "std::bad_alloc" if <int>status == PYGGML_STATUS_CXX_BAD_ALLOC else "a C++ exception"
+        raise ContextFullError(f"{what}: ggml ran out of memory ({why}); the backends it used "
+                               f"({', '.join(x.name for x in backends)}) are not usable any more (ggml's CPU "
+                               f"backend frees its work buffer before it fails to grow it)")
+    name = ggml_status_to_string(status).decode()
+    raise ComputeError(f"{what} failed: {name}", name)
+
+
+cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint prove, str what,
+                        tuple backends, object keep) except -1:
+    """The end of every backend compute (a Backend's, a Scheduler's), called with the graph
+    busy and ``backends`` locked; gives both back, or has the worker thread give them back
+    when the caller stops waiting (Ctrl-C): the indices that exist before the graph runs,
+    the guarded proof of unchecked nodes (``prove``), then ``compute(graph, arg)`` with the
+    GIL released (on a worker thread for a large graph, so Ctrl-C interrupts it within
+    50 ms: ggml's CPU backends stop after the node they are in), node by node with the
+    computed indices checked before each reader when the graph has index ops."""
     cdef char msg[PYGGML_MSG_CAP]
-    cdef int rc, ist
+    cdef int rc, ist, i, n_cpu = 0
     cdef ggml_status status
-    if graph._index_ops:
-        _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
-    if prove:
-        _prove(graph)
-    if graph._index_ops:
-        with nogil:
-            rc = pyggml_compute_checked_with(graph.ptr, compute, arg, msg, PYGGML_MSG_CAP, &ist)
-        status = <ggml_status>ist
-        _raise_checked(rc, msg)
-    else:
-        with nogil:
-            status = compute(graph.ptr, arg)
-    if status != GGML_STATUS_SUCCESS:
-        name = ggml_status_to_string(status).decode()
-        raise ComputeError(f"{what} failed: {name}", name)
+    cdef bint handed = False
+    cdef pyggml_async spec
+    cdef ggml_backend_t cpu[16]
+    cdef Backend b
+    try:
+        if graph._index_ops:
+            _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
+        if prove:
+            _prove(graph)
+        if wants_async(graph):
+            memset(&spec, 0, sizeof(spec))
+            spec.graph = graph.ptr
+            spec.compute = compute
+            spec.compute_arg = arg
+            spec.checked = graph._index_ops > 0
+            for b in backends:
+                if b.is_cpu and n_cpu < 16:
+                    cpu[n_cpu] = b.ptr
+                    n_cpu += 1
+            handed = True        # run_interruptibly gives the graph and the locks back
+            status = run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, graph, (keep, backends),
+                                       lambda: unlock_backends(backends))
+        elif graph._index_ops:
+            with nogil:
+                rc = pyggml_compute_checked_with(graph.ptr, compute, arg, msg, PYGGML_MSG_CAP, &ist)
+            status = <ggml_status>ist
+            _raise_checked(rc, msg)
+        else:
+            with nogil:
+                status = compute(graph.ptr, arg)
+    finally:
+        if not handed:
+            graph._busy = False
+            unlock_backends(backends)
+    _raise_status(status, what, backends)
+    return 0
+
+
+cdef int begin_compute(Graph graph, tuple backends, str what) except -1:
+    """The shared prologue of a backend compute: the graph allocated and idle; then the
+    backends locked and the graph busy (compute_locked gives both back)."""
+    graph._check()
+    if graph._still_unallocated():
+        raise ArgumentError(f"{what}: the graph has tensors without data (from a no_alloc context whose tensors "
+                            f"are not allocated in a backend buffer yet, or whose allocation was replaced or "
+                            f"freed): allocate it")
+    if graph._busy:
+        raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
+    lock_backends(backends, what)
+    if graph._busy:                  # another thread took it while this one waited for the locks
+        unlock_backends(backends)
+        raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
+    graph._busy = True
     return 0
 
 
@@ -105,10 +212,12 @@ cdef class Backend(Executor):
 
     A ggml backend: ``"CPU"`` (always there), or the name of a device of
     :func:`backends`. ``n_threads`` (CPU backend): threads per compute (default: as
-    :meth:`pyggml.Graph.compute`)."""
+    :meth:`pyggml.Graph.compute`). One compute runs on a backend at a time: a compute
+    from another thread waits for the running one."""
 
     def __cinit__(self, name="CPU", n_threads=None):
         self.ptr = NULL
+        self._lock = threading.Lock()
         if not isinstance(name, str):
             raise ArgumentError(f"Backend: name must be a str, not {type(name).__name__}")
         cdef ggml_backend_dev_t dev
@@ -128,18 +237,27 @@ cdef class Backend(Executor):
         self.n_threads = n_threads
 
     def __dealloc__(self):
-        if self.ptr != NULL:
+        self._free()
+
+    cdef void _free(self) noexcept:
+        # a backend whose C++ threw mid-compute holds a freed work buffer: ggml would free
+        # it again (pyggml leaks it instead)
+        if self.ptr != NULL and not self._poisoned:
             ggml_backend_free(self.ptr)
-            self.ptr = NULL
+        self.ptr = NULL
 
     def close(self):
-        """Free the backend (idempotent); buffers it allocated stay valid. Refused while
-        a Scheduler uses it."""
+        """Free the backend (idempotent); buffers it allocated stay valid. Raises
+        InUseError while a Scheduler uses it or a compute runs on it."""
         if self._users:
-            raise ArgumentError(f"Backend {self.name}: a Scheduler uses it; free the scheduler first")
-        if self.ptr != NULL:
-            ggml_backend_free(self.ptr)
-            self.ptr = NULL
+            raise InUseError(f"Backend {self.name}: a Scheduler uses it; free the scheduler first")
+        if not self._lock.acquire(False):
+            raise InUseError(f"Backend {self.name}: a compute runs on it (another thread, or an Optimizer's epoch); "
+                             f"close it when that has returned")
+        try:
+            self._free()
+        finally:
+            self._lock.release()
 
     def __enter__(self):
         self._need_open()
@@ -154,6 +272,9 @@ cdef class Backend(Executor):
     cdef int _need_open(self) except -1:
         if self.ptr == NULL:
             raise ArgumentError(f"Backend {self.name}: closed")
+        if self._poisoned:
+            raise ArgumentError(f"Backend {self.name}: unusable since ggml ran out of memory in a compute on it; "
+                                f"make a new Backend")
         return 0
 
     @property
@@ -174,8 +295,12 @@ cdef class Backend(Executor):
         self._need_open()
         if not self.is_cpu:
             raise ArgumentError(f"set_use_ref: {self.name} is not the CPU backend")
-        if not pyggml_backend_cpu_set_use_ref(self.ptr, bool(on)):
-            raise GGMLVersionError(f"set_use_ref: this ggml has no ggml_backend_cpu_set_use_ref")
+        lock_backends((self,), "set_use_ref")
+        try:
+            if not pyggml_backend_cpu_set_use_ref(self.ptr, bool(on)):
+                raise GGMLVersionError(f"set_use_ref: this ggml has no ggml_backend_cpu_set_use_ref")
+        finally:
+            unlock_backends((self,))
         self._use_ref = bool(on)
 
     def supports_op(self, Tensor node not None):
@@ -201,6 +326,7 @@ cdef class Backend(Executor):
         # no backend buffer (a context pool's tensor) or not allocated
         cdef ggml_tensor * t = ggml_get_first_tensor(ctx.ptr)
         cdef ggml_tensor * src
+        cdef list before = []
         while t != NULL:
             src = t.view_src
             if src != NULL and t.buffer == NULL and (src.buffer == NULL or src.data == NULL):
@@ -211,16 +337,23 @@ cdef class Backend(Executor):
                         f"{src.name.decode(errors='replace')!r}, which is in no backend buffer (a context pool's "
                         f"tensor, or one not allocated yet): ggml cannot place the view; make both in no_alloc "
                         f"contexts and allocate the source first")
+            if t.buffer == NULL:
+                before.append(<uintptr_t>t)
             t = ggml_get_next_tensor(ctx.ptr, t)
-        cdef ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx.ptr, self.ptr)
-        if buf == NULL:
+        cdef _BufferAllocation alloc = _BufferAllocation.__new__(_BufferAllocation)
+        alloc.buf = ggml_backend_alloc_ctx_tensors(ctx.ptr, self.ptr)
+        alloc.record(before, (ctx.pool,))
+        if alloc.buf == NULL:
+            # nothing to allocate; or ggml failed and freed what it had placed
+            placed = alloc.n_placed
+            alloc.release()
+            if placed:
+                raise ContextFullError(f"alloc_ctx_tensors: {self.name} could not allocate the tensors' buffer")
             return None
-        cdef Storage s = Storage.__new__(Storage)
-        s.buffer = buf
-        s.ptr = ggml_backend_buffer_get_base(buf)
-        s.size = ggml_backend_buffer_get_size(buf)
-        s.host = ggml_backend_buffer_is_host(buf)
-        ctx._add_storage(s)
+        alloc.buffers.add(<uintptr_t>alloc.buf)
+        cdef Storage s = alloc.storage(alloc.buf)
+        for key in alloc.buffers:
+            ctx._add_storage(alloc.storage(<void *><uintptr_t>key))
         return s
 
     def graph_compute(self, Graph graph not None):
@@ -229,8 +362,10 @@ cdef class Backend(Executor):
         self.run(graph, None, False)
 
     cdef int _prepare(self, Graph graph, int n) except -1:
-        """This backend's checks of ``graph`` before ggml computes it (on ``n`` threads)."""
+        """This backend's checks of ``graph`` before ggml computes it (on ``n`` threads);
+        called with the backend locked."""
         cdef ggml_cplan plan
+        cdef void * probe
         if self.is_cpu:
             ggml_backend_cpu_set_n_threads(self.ptr, n)
             # the CPU backend plans the graph itself: plan it first under the guard
@@ -243,6 +378,14 @@ cdef class Backend(Executor):
                     f"ggml_graph_plan asks for with {n} threads, and its kernel uses {_fab_need(graph, n)}: "
                     f"compute this graph with Graph.compute (which sizes it) or with fewer threads",
                     "fab-work-size")
+            # ggml's CPU backend grows its work buffer with new[], and frees the old one
+            # first: a failure there leaves it unusable. Ask the system first.
+            if plan.work_size > 0:
+                probe = malloc(plan.work_size)
+                if probe == NULL:
+                    raise ContextFullError(f"compute: the graph needs a {plan.work_size}-byte work buffer with {n} "
+                                           f"threads, more than this process can allocate")
+                free(probe)
             return 0
         self._check_supported(graph)
         if graph._index_ops:
@@ -277,350 +420,49 @@ cdef class Backend(Executor):
         if use_ref:
             raise ArgumentError("compute: use_ref on a backend is its set_use_ref()")
         cdef int n = _need_threads(n_threads if n_threads is not None else self._n_threads)
-        if graph._still_unallocated():
-            raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context whose "
-                                "tensors are not allocated in a backend buffer yet)")
-        if graph._busy:
-            raise GraphBusyError("compute: this graph is already being computed in another thread")
-        graph._busy = True
-        keep = graph._keep_alive()
+        cdef tuple backends = (self,)
+        begin_compute(graph, backends, "compute")
         try:
-            graph._check_memory(keep)
+            keep = graph._hold()
             self._prepare(graph, n)
-            # the CPU kernels' proof: another backend has other kernels
-            _checked_compute(graph, _compute_on, self.ptr, graph._unproven and self.is_cpu,
-                             "ggml_backend_graph_compute")
-        finally:
+            if self.is_cpu:
+                note_threads(n)
+        except BaseException:
             graph._busy = False
+            unlock_backends(backends)
+            raise
+        # the CPU kernels' proof: another backend has other kernels
+        compute_locked(graph, _compute_on, self.ptr, graph._unproven and self.is_cpu,
+                       "ggml_backend_graph_compute", backends, keep)
         return 0
 
 
+include "_backend_alloc.pxi"
+
+
+# --- comparing two backends -------------------------------------------------------------
+
+cdef struct _Compare:
+    ggml_backend_t b1
+    ggml_backend_t b2
+    pyggml_graph_cmp st
+    int rc
+
+
 @cython.final
-cdef class _Gallocation:
-    """One ggml_gallocr and the buffers it allocated: freed when nothing uses them."""
-    cdef ggml_gallocr_t ptr
+cdef class _CompareState:
+    """What ggml's comparison writes while it runs (freed when the worker is done)."""
+    cdef _Compare c
 
     def __dealloc__(self):
-        if self.ptr != NULL:
-            ggml_gallocr_free(self.ptr)
-            self.ptr = NULL
+        free(self.c.st.rows)
+        self.c.st.rows = NULL
 
 
-@cython.final
-cdef class GraphAllocator:
-    """GraphAllocator(backend)
-
-    ggml's graph allocator (``ggml_gallocr``) for ``backend``'s default buffer type:
-    ``alloc_graph(graph)`` gives every tensor of the graph without data memory in one
-    of its buffers, reusing the memory of tensors no longer needed (ggml's liveness
-    analysis: intermediate results share memory; outputs and inputs, marked with
-    ``set_output``/``set_input``, keep theirs).
-
-    Each ``alloc_graph`` is a new allocation: the tensors' contexts hold it, numpy views
-    of its tensors keep it alive, and the previous allocation of this allocator is
-    released from those contexts (a graph still pointing into it is refused at compute,
-    never read). Allocate a graph once and compute it many times."""
-
-    cdef readonly Backend backend
-    cdef _Gallocation _current
-    cdef list _registered       # [(context, storage)] of the current allocation
-
-    def __cinit__(self, Backend backend not None):
-        backend._need_open()
-        self.backend = backend
-        self._current = None
-        self._registered = []
-
-    def __repr__(self):
-        return f"<pyggml.GraphAllocator for {self.backend.name}>"
-
-    def alloc_graph(self, Graph graph not None):
-        """alloc_graph(graph): allocate the graph's tensors that have no data
-        (``ggml_gallocr_alloc_graph``). Returns the bytes allocated."""
-        self.backend._need_open()
-        graph._check_idle()
-        cdef ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(self.backend.ptr)
-        cdef _Gallocation alloc = _Gallocation.__new__(_Gallocation)
-        alloc.ptr = ggml_gallocr_new(buft)
-        if alloc.ptr == NULL:
-            raise MemoryError("alloc_graph: ggml_gallocr_new failed")
-        cdef pyggml_guard g
-        cdef int ok = 0
-        cdef size_t total
-        cdef set before = _buffers_of(graph)
-        if not pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, graph.ptr, &ok):
-            raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
-        if not ok:
-            raise MemoryError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer")
-        total = _register_buffers(graph, alloc, self._registered, before)
-        self._current = alloc
-        return total
-
-
-cdef set _buffers_of(Graph graph):
-    """The backend buffers the graph's tensors point into."""
-    cdef set out = set()
-    cdef int i, j
-    cdef ggml_tensor * p
-    cdef ggml_tensor * s
-    for i in range(ggml_graph_n_nodes(graph.ptr)):
-        p = ggml_graph_node(graph.ptr, i)
-        for j in range(-1, GGML_MAX_SRC):
-            s = p if j == -1 else p.src[j]
-            if s != NULL and s.buffer != NULL:
-                out.add(<uintptr_t>s.buffer)
-    return out
-
-
-# the Storages of the allocations alive (buffer address -> weak reference), so that a
-# tensor an earlier allocation placed finds the Storage that keeps its buffer
-_allocated = weakref.WeakValueDictionary()
-
-
-cdef size_t _register_buffers(Graph graph, object owner, list registered, set before) except? 0:
-    """After an allocation (``owner``: what frees its buffers when collected; ``before``:
-    the buffers the graph's tensors pointed into before it; ggml's allocators leave
-    such tensors where they are): every context whose tensors point into one of the
-    graph's buffers holds that buffer's Storage, so that the context's tensors and
-    their numpy views keep it. The previous allocation's Storages (``registered``) that
-    the graph no longer points into are released from their contexts. Returns the bytes
-    of the new buffers."""
-    cdef int i, j, n = ggml_graph_n_nodes(graph.ptr)
-    cdef ggml_tensor * p
-    cdef ggml_tensor * s
-    cdef Context owner_ctx
-    owners = {}
-    for i in range(n):
-        p = ggml_graph_node(graph.ptr, i)
-        for j in range(-1, GGML_MAX_SRC):
-            s = p if j == -1 else p.src[j]
-            if s == NULL or s.buffer == NULL:
-                continue
-            key = <uintptr_t>s.buffer
-            ctxs = owners.setdefault(key, set())
-            owner_ctx = graph.ctx._owner_of(s)
-            if owner_ctx is None and graph._ctxs is not None:
-                for c in graph._ctxs:
-                    if (<Context>c)._holds(s):
-                        owner_ctx = c
-                        break
-            if owner_ctx is not None:
-                ctxs.add(owner_ctx)
-    cdef Storage st
-    kept = []
-    for c, st in registered:
-        if st.buffer_key in owners:
-            kept.append((c, st))
-        else:
-            (<Context>c)._drop_storage(st)
-    registered[:] = kept
-    cdef size_t total = 0
-    for key, ctxs in owners.items():
-        if key in before:
-            st = _allocated.get(key)     # an earlier allocation's, alive: hold it again
-            if st is None:
-                continue                 # no allocation of pyggml's (alloc_ctx_tensors), or freed
-        else:
-            st = Storage.__new__(Storage)
-            st.owner = owner
-            st.buffer_key = key
-            st.ptr = ggml_backend_buffer_get_base(<ggml_backend_buffer_t><uintptr_t>key)
-            st.size = ggml_backend_buffer_get_size(<ggml_backend_buffer_t><uintptr_t>key)
-            st.host = ggml_backend_buffer_is_host(<ggml_backend_buffer_t><uintptr_t>key)
-            total += st.size
-            _allocated[key] = st
-        for c in ctxs:
-            if (<Context>c).ptr != NULL and not any(r is st and rc is c for rc, r in registered):
-                (<Context>c)._add_storage(st)
-                registered.append((c, st))
-    return total
-
-
-# ggml_backend_sched_new asserts n_backends <= GGML_SCHED_MAX_BACKENDS, which only
-# ggml-backend.cpp defines (16 in every release pyggml builds against)
-cdef int _MAX_BACKENDS = 16
-
-
-@cython.final
-cdef class _SchedAllocation:
-    """One ggml_backend_sched that allocated a graph, and the backends it uses: freed
-    when nothing points into its buffers (the Storages of the tensors' contexts)."""
-    cdef ggml_backend_sched_t ptr
-    cdef tuple backends
-    cdef Graph graph
-    cdef int n_nodes
-
-    def __dealloc__(self):
-        if self.ptr != NULL:
-            _sched_free(self.ptr, self.backends)
-            self.ptr = NULL
-
-
-cdef void _sched_free(ggml_backend_sched_t p, tuple backends) noexcept:
-    """Free a scheduler of _sched_new: its backends may be closed again."""
-    cdef Backend b
-    ggml_backend_sched_free(p)
-    for b in backends:
-        b._users -= 1
-
-
-cdef ggml_backend_sched_t _sched_new(tuple backends, size_t graph_size) except NULL:
-    cdef ggml_backend_t ptrs[16]
-    cdef Backend b
-    for i, b in enumerate(backends):
-        b._need_open()
-        ptrs[i] = b.ptr
-    cdef ggml_backend_sched_t p = ggml_backend_sched_new(ptrs, NULL, len(backends), graph_size, False, True)
-    if p == NULL:
-        raise MemoryError("Scheduler: ggml_backend_sched_new failed")
-    for b in backends:
-        b._users += 1
-    return p
-
-
-cdef ggml_status _sched_compute_on(ggml_cgraph * graph, void * sched) noexcept nogil:
-    return ggml_backend_sched_graph_compute(<ggml_backend_sched_t>sched, graph)
-
-
-@cython.final
-cdef class Scheduler:
-    """Scheduler(backends, graph_size=2048)
-
-    ``ggml_backend_sched`` over ``backends`` (a list of :class:`Backend`, the CPU
-    backend last, as ggml requires): each node of a graph goes to the first backend
-    that supports it (the CPU one last), and the scheduler copies tensors between them.
-    ``alloc_graph(graph)`` allocates a graph's tensors in the backends' buffers;
-    ``graph_compute(graph)`` computes it (allocating it first if needed). ggml-opt's
-    :class:`pyggml.opt.Optimizer` trains over a Scheduler too. The backends cannot be
-    closed while it, or an allocation of it, lives.
-
-    Each ``alloc_graph`` is a new allocation, as with :class:`GraphAllocator`: the
-    tensors' contexts hold it, numpy views keep it alive, and a graph still pointing
-    into a replaced allocation is refused at compute."""
-
-    def __cinit__(self, backends, graph_size=2048):
-        self.ptr = NULL
-        bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
-        if not bs or not all(isinstance(b, Backend) for b in bs):
-            raise ArgumentError("Scheduler: backends must be a non-empty list of pyggml.Backend")
-        if len(bs) > _MAX_BACKENDS:
-            raise ArgumentError(f"Scheduler: at most {_MAX_BACKENDS} backends")
-        if len(set(map(id, bs))) != len(bs):
-            raise ArgumentError("Scheduler: a backend is listed twice")
-        cdef Backend b
-        for b in bs:
-            b._need_open()
-        if not (<Backend>bs[-1]).is_cpu:
-            raise ArgumentError("Scheduler: the last backend must be the CPU backend (ggml's fallback)")
-        if type(graph_size) is not int or not 16 <= graph_size <= (1 << 24):
-            raise ArgumentError(f"Scheduler: graph_size must be an int in [16, 2**24], got {graph_size!r}")
-        self.ptr = _sched_new(bs, graph_size)
-        self.backends = bs
-        self.cpu = bs[-1]
-        self.graph_size = graph_size
-        self._current = None
-        self._registered = []
-
-    def __dealloc__(self):
-        if self.ptr != NULL:
-            _sched_free(self.ptr, self.backends)
-            self.ptr = NULL
-
-    def __repr__(self):
-        return f"<pyggml.Scheduler over {', '.join(b.name for b in self.backends)}>"
-
-    cdef int _check_nodes(self, Graph graph) except -1:
-        """ggml's scheduler asserts when no backend supports a node (and when the graph
-        has more nodes and leafs than its hash set)."""
-        cdef int i
-        cdef ggml_tensor * p
-        cdef Backend b
-        for i in range(ggml_graph_n_nodes(graph.ptr)):
-            p = ggml_graph_node(graph.ptr, i)
-            if not any(ggml_backend_supports_op((<Backend>b).ptr, p) for b in self.backends):
-                op = ggml_op_desc(p).decode()
-                name = p.name.decode(errors="replace")
-                raise UnsupportedOpError(f"Scheduler: no backend of {', '.join(b.name for b in self.backends)} "
-                                         f"supports node {i} ({op} {name!r})", op, name, "")
-        return 0
-
-    def alloc_graph(self, Graph graph not None):
-        """alloc_graph(graph) -> int: split the graph over the backends and allocate the
-        tensors that have no data (``ggml_backend_sched_alloc_graph``, in a scheduler of
-        its own). Returns the bytes of the buffers the graph's tensors point into."""
-        cdef Backend b
-        for b in self.backends:
-            b._need_open()
-        graph._check_idle()
-        self._check_nodes(graph)
-        cdef int n_nodes = ggml_graph_n_nodes(graph.ptr)
-        cdef size_t size = max(self.graph_size, 2 * <size_t>ggml_graph_size(graph.ptr) + 16)
-        cdef _SchedAllocation alloc = _SchedAllocation.__new__(_SchedAllocation)
-        alloc.ptr = _sched_new(self.backends, size)
-        alloc.backends = self.backends
-        alloc.graph = graph
-        alloc.n_nodes = n_nodes
-        cdef pyggml_guard g
-        cdef int ok = 0
-        cdef set before = _buffers_of(graph)
-        if not pyggml_try_sched_alloc_graph(&g, alloc.ptr, graph.ptr, &ok):
-            # the scheduler stopped midway: leave it (and the backends it names) unfreed
-            alloc.ptr = NULL
-            raise_aborted(&g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
-        if not ok:
-            raise MemoryError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers")
-        total = _register_buffers(graph, alloc, self._registered, before)
-        self._current = alloc
-        return total
-
-    @property
-    def n_splits(self):
-        """The splits of the last allocated graph (runs of nodes on one backend)."""
-        return 0 if self._current is None else ggml_backend_sched_get_n_splits((<_SchedAllocation>self._current).ptr)
-
-    def backend_of(self, Tensor node not None):
-        """backend_of(node) -> Backend or None: the backend the last allocation gave
-        ``node`` (``ggml_backend_sched_get_tensor_backend``)."""
-        node._check()
-        if self._current is None:
-            return None
-        cdef ggml_backend_t p = ggml_backend_sched_get_tensor_backend((<_SchedAllocation>self._current).ptr,
-                                                                      node.ptr)
-        for b in self.backends:
-            if (<Backend>b).ptr == p:
-                return b
-        return None
-
-    def graph_compute(self, Graph graph not None, n_threads=None):
-        """graph_compute(graph, n_threads=None): compute ``graph``
-        (``ggml_backend_sched_graph_compute``) with the GIL released, after pyggml's
-        checks; allocates it first unless it is this scheduler's last allocated graph.
-        ``n_threads``: for the CPU backends (default: each backend's own)."""
-        cdef Backend b
-        for b in self.backends:
-            b._need_open()
-        graph._check()
-        cdef _SchedAllocation cur = self._current
-        if cur is None or cur.graph is not graph or cur.n_nodes != ggml_graph_n_nodes(graph.ptr):
-            self.alloc_graph(graph)
-            cur = self._current
-        if graph._busy:
-            raise GraphBusyError("compute: this graph is already being computed in another thread")
-        cdef int n
-        graph._busy = True
-        keep = graph._keep_alive()
-        try:
-            graph._check_memory(keep)
-            for b in self.backends:
-                if b.is_cpu:
-                    n = _need_threads(n_threads if n_threads is not None else b._n_threads)
-                    b._prepare(graph, n)
-                elif graph._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
-                    raise ArgumentError(f"compute: the graph reads positions from tensor values (get_rows, ...), "
-                                        f"which pyggml cannot check in {b.name}'s memory")
-            _checked_compute(graph, _sched_compute_on, cur.ptr, graph._unproven, "ggml_backend_sched_graph_compute")
-        finally:
-            graph._busy = False
+cdef ggml_status _compare_on(ggml_cgraph * graph, void * arg) noexcept nogil:
+    cdef _Compare * c = <_Compare *>arg
+    c.rc = pyggml_compare_graph(c.b1, c.b2, graph, &c.st)
+    return GGML_STATUS_SUCCESS
 
 
 def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backend backend2 not None,
@@ -666,45 +508,44 @@ def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backe
     if graph._index_ops:
         raise ArgumentError("compare_graph_backend: the graph reads positions from tensor values (get_rows, ...), "
                             "which pyggml checks only in Graph.compute and Backend.graph_compute")
-    if graph._busy:
-        raise GraphBusyError("compare_graph_backend: this graph is being computed in another thread")
-    cdef Backend b
-    for b in (backend1, backend2):
-        if b.is_cpu:
-            b._prepare(graph, _need_threads(b._n_threads))
-        else:
-            b._check_supported(graph)
-    cdef pyggml_graph_cmp st
-    st.rows = <pyggml_node_cmp *>calloc(max(n, 1), sizeof(pyggml_node_cmp))
-    if st.rows == NULL:
+    cdef tuple pair = (backend1, backend2)
+    cdef _CompareState cs = _CompareState.__new__(_CompareState)
+    cs.c.st.rows = <pyggml_node_cmp *>calloc(max(n, 1), sizeof(pyggml_node_cmp))
+    if cs.c.st.rows == NULL:
         raise MemoryError()
-    st.n_rows = n
-    st.tolerance = tol
-    st.stop_at_first = bool(stop_at_first)
-    cdef int rc
-    graph._busy = True
-    keep = graph._keep_alive()
+    cs.c.st.n_rows = n
+    cs.c.st.tolerance = tol
+    cs.c.st.stop_at_first = bool(stop_at_first)
+    cs.c.b1 = backend1.ptr
+    cs.c.b2 = backend2.ptr
+    cdef Backend b
+    begin_compute(graph, pair, "compare_graph_backend")
     try:
-        graph._check_memory(keep)
-        if graph._unproven and (backend1.is_cpu or backend2.is_cpu):
-            _prove(graph)
-        with nogil:
-            rc = pyggml_compare_graph(backend1.ptr, backend2.ptr, graph.ptr, &st)
-        if rc < 0:
-            raise GGMLVersionError("compare_graph_backend: this ggml's ggml_backend_compare_graph_backend has "
-                                   "another signature")
-        if rc == 0:
-            raise MemoryError(f"compare_graph_backend: ggml could not copy the graph to {backend2.name}")
-        if st.failed:
-            raise MemoryError("compare_graph_backend: no memory to read a node's results")
-        nodes = []
-        for i in range(n):
-            p = ggml_graph_node(graph.ptr, i)
-            nodes.append({"index": i, "name": p.name.decode(errors="replace"), "op": ggml_op_desc(p).decode(),
-                          "compared": bool(st.rows[i].compared), "nmse": st.rows[i].nmse,
-                          "max_abs": st.rows[i].max_abs, "n": int(st.rows[i].n)})
-        first = nodes[st.first_diverging] if st.first_diverging >= 0 else None
-    finally:
+        keep = graph._hold()
+        for b in pair:
+            if b.is_cpu:
+                b._prepare(graph, _need_threads(b._n_threads))
+                note_threads(_need_threads(b._n_threads))
+            else:
+                b._check_supported(graph)
+    except BaseException:
         graph._busy = False
-        free(st.rows)
+        unlock_backends(pair)
+        raise
+    compute_locked(graph, _compare_on, &cs.c, graph._unproven and (backend1.is_cpu or backend2.is_cpu),
+                   "compare_graph_backend", pair, (keep, cs))
+    if cs.c.rc < 0:
+        raise GGMLVersionError("compare_graph_backend: this ggml's ggml_backend_compare_graph_backend has "
+                               "another signature")
+    if cs.c.rc == 0:
+        raise MemoryError(f"compare_graph_backend: ggml could not copy the graph to {backend2.name}")
+    if cs.c.st.failed:
+        raise MemoryError("compare_graph_backend: no memory to read a node's results")
+    nodes = []
+    for i in range(n):
+        p = ggml_graph_node(graph.ptr, i)
+        nodes.append({"index": i, "name": p.name.decode(errors="replace"), "op": ggml_op_desc(p).decode(),
+                      "compared": bool(cs.c.st.rows[i].compared), "nmse": cs.c.st.rows[i].nmse,
+                      "max_abs": cs.c.st.rows[i].max_abs, "n": int(cs.c.st.rows[i].n)})
+    first = nodes[cs.c.st.first_diverging] if cs.c.st.first_diverging >= 0 else None
     return {"nodes": nodes, "first_diverging": first}

@@ -16,11 +16,35 @@ cdef class Storage:
     cdef readonly size_t size
     cdef void * buffer          # ggml_backend_buffer_t this Storage owns, or NULL
     cdef readonly bint host     # the CPU can read ptr (a pool, or a host buffer)
-    cdef object owner           # not None: the memory is owner's (a graph allocator's), freed with it
+    cdef object owner           # not None: the memory is owner's (an Allocation), freed with it
     cdef size_t buffer_key      # the backend buffer an owner's Storage lies in (its address), or 0
     cdef object __weakref__
     cdef bint contains(self, const void * p, size_t nbytes)
     cdef int _alloc(self, size_t size) except -1
+
+
+cdef struct pyggml_placed:
+    ggml_tensor * t         # a tensor an Allocation placed ...
+    void * buffer           # ... in this buffer: cleared only while it still points there
+
+
+cdef class Allocation:
+    """Backend memory pyggml got from ggml and the tensors ggml placed in it (_core.pyx)."""
+    cdef pyggml_placed * placed
+    cdef size_t n_placed
+    cdef set buffers            # addresses of the ggml_backend_buffer_t it owns
+    cdef list pools             # the pools of the contexts its tensors live in
+    cdef dict _storages         # buffer address -> weak reference to its Storage
+    cdef object __weakref__
+    cdef int record(self, list before, object pools) except -1
+    cdef int _adopt(self, ggml_tensor * t, list pools) except -1
+    cdef Storage storage(self, const void * buffer)
+    cdef size_t release(self, set keep=*) except? 0
+
+
+cdef Allocation allocation_of(const void * buffer)
+cdef bint any_allocations()
+cdef uint64_t placement_epoch()
 
 
 cdef class Context:
@@ -53,6 +77,7 @@ cdef class Tensor:
     cdef object _raw_view(self)
     cdef object _related(self, ggml_tensor * p)
     cdef Storage _whole(self, str what)
+    cdef Storage _data_storage(self, size_t span)
     cdef tuple _layout(self)
 
 

@@ -26,18 +26,20 @@ Ownership
 cimport cython
 from cpython.bytes cimport PyBytes_AsString
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, strlen
 
 cimport numpy as cnp
 
 from pyggml._ggml cimport *
-from pyggml._ggml_backend cimport (ggml_backend_buffer_free, ggml_backend_buffer_t, ggml_backend_tensor_get,
-                                   ggml_backend_tensor_set)
+from pyggml._ggml_backend cimport (ggml_backend_buffer_free, ggml_backend_buffer_get_base,
+                                   ggml_backend_buffer_get_size, ggml_backend_buffer_is_host,
+                                   ggml_backend_buffer_t, ggml_backend_tensor_get, ggml_backend_tensor_set)
 from pyggml._rt cimport *
 
 import os
 import warnings
+import weakref
 from enum import IntEnum
 
 import numpy as np
@@ -212,13 +214,145 @@ cdef class Storage:
         self.ptr = NULL
 
     def __repr__(self):
-        what = "graph allocation" if self.owner is not None else ("backend buffer" if self.buffer != NULL else "pool")
+        what = "backend buffer" if self.owner is not None or self.buffer != NULL else "pool"
         return f"<pyggml.Storage {what} of {self.size} bytes{'' if self.host else ', device memory'}>"
 
     cdef bint contains(self, const void * p, size_t nbytes):
         cdef uintptr_t a = <uintptr_t>self.ptr
         cdef uintptr_t b = <uintptr_t>p
         return b >= a and b - a <= self.size and nbytes <= self.size - (b - a)
+
+
+# --- backend memory: who placed a tensor, and who clears it ------------------------------
+
+# the backend buffers pyggml holds (ggml_backend_buffer_t address -> its Allocation, alive)
+cdef object _allocation_of = weakref.WeakValueDictionary()
+cdef uint64_t _placement_epoch = 0
+
+
+cdef Allocation allocation_of(const void * buffer):
+    """The live Allocation owning ``buffer``, or None (a buffer pyggml does not hold)."""
+    return _allocation_of.get(<uintptr_t>buffer)
+
+
+cdef bint any_allocations():
+    return len(_allocation_of) > 0
+
+
+cdef uint64_t placement_epoch():
+    """Grows each time an Allocation clears tensors: a graph that found all its tensors
+    allocated must look again."""
+    return _placement_epoch
+
+
+cdef class Allocation:
+    """Backend memory pyggml obtained from ggml (the buffer of ``alloc_ctx_tensors``, a
+    graph allocator's or a scheduler's buffers) and the tensors ggml placed in it.
+
+    The one rule that keeps every tensor off freed memory: when an Allocation is released
+    (a newer allocation of the same allocator replaces it, an allocation fails midway) or
+    freed (nothing holds it any more), every tensor it placed that still points where it
+    was placed loses its ``data`` and ``buffer`` (both NULL): a later allocation places it
+    again, a compute refuses it, ``get``/``numpy`` say it has no data. It holds the pools
+    of the contexts those tensors live in, so clearing never writes to freed memory.
+    Subclasses (pyggml._backend) free the ggml objects after ``release()``."""
+
+    def __dealloc__(self):
+        free(self.placed)
+        self.placed = NULL
+
+    cdef int record(self, list before, object pools) except -1:
+        """After ggml allocated: ``before`` holds the addresses of the tensors that had no
+        buffer; those with one now were placed by this allocation (``pools``: where those
+        tensors live). A view placed into another live allocation's buffer is cleared by
+        that one too."""
+        cdef ggml_tensor * t
+        cdef Allocation other
+        cdef size_t cap = self.n_placed
+        cdef pyggml_placed * grown
+        self.pools = list(pools)
+        if self.buffers is None:
+            self.buffers = set()
+        for key in before:
+            t = <ggml_tensor *><uintptr_t>key
+            if t.buffer == NULL:
+                continue
+            other = _allocation_of.get(<uintptr_t>t.buffer)
+            if other is not None and other is not self:
+                other._adopt(t, self.pools)
+            else:
+                self.buffers.add(<uintptr_t>t.buffer)
+            if self.n_placed == cap:
+                cap = 2 * cap + 16
+                grown = <pyggml_placed *>realloc(self.placed, cap * sizeof(pyggml_placed))
+                if grown == NULL:
+                    raise MemoryError()
+                self.placed = grown
+            self.placed[self.n_placed].t = t
+            self.placed[self.n_placed].buffer = t.buffer
+            self.n_placed += 1
+        for key in self.buffers:
+            _allocation_of[key] = self
+        return 0
+
+    cdef int _adopt(self, ggml_tensor * t, list pools) except -1:
+        """Clear ``t`` too when released: another allocation placed a view into this one's memory."""
+        cdef pyggml_placed * grown = <pyggml_placed *>realloc(self.placed, (self.n_placed + 1) * sizeof(pyggml_placed))
+        if grown == NULL:
+            raise MemoryError()
+        self.placed = grown
+        self.placed[self.n_placed].t = t
+        self.placed[self.n_placed].buffer = t.buffer
+        self.n_placed += 1
+        if self.pools is None:
+            self.pools = []
+        for p in pools:
+            if not any(q is p for q in self.pools):
+                self.pools.append(p)
+        return 0
+
+    cdef Storage storage(self, const void * buffer):
+        """A Storage for one of this allocation's buffers (what a context holds, and a
+        numpy view's base): it keeps the allocation, and so the buffer, alive."""
+        cdef uintptr_t key = <uintptr_t>buffer
+        if self._storages is None:
+            self._storages = {}
+        ref = self._storages.get(key)
+        cdef Storage st = ref() if ref is not None else None
+        if st is None:
+            st = Storage.__new__(Storage)
+            st.owner = self
+            st.buffer_key = key
+            st.ptr = ggml_backend_buffer_get_base(<ggml_backend_buffer_t>buffer)
+            st.size = ggml_backend_buffer_get_size(<ggml_backend_buffer_t>buffer)
+            st.host = ggml_backend_buffer_is_host(<ggml_backend_buffer_t>buffer)
+            self._storages[key] = weakref.ref(st)
+        return st
+
+    cdef size_t release(self, set keep=None) except? 0:
+        """Clear what this allocation placed, but the tensors whose addresses are in
+        ``keep`` (a graph being allocated next, which uses them where they are): those stay
+        placed, with their values. Returns how many stay; with none, the allocation no
+        longer serves any tensor (its buffers stay until it is freed)."""
+        global _placement_epoch
+        cdef size_t i, kept = 0
+        cdef ggml_tensor * t
+        cdef bint cleared = False
+        for i in range(self.n_placed):
+            t = self.placed[i].t
+            if t.buffer != self.placed[i].buffer:      # placed again by another since
+                continue
+            if keep is not None and <uintptr_t>t in keep:
+                self.placed[kept] = self.placed[i]
+                kept += 1
+            else:
+                t.data = NULL
+                t.buffer = NULL
+                cleared = True
+        if cleared:
+            _placement_epoch += 1
+        self.n_placed = kept
+        return kept
 
 
 include "_core_args.pxi"

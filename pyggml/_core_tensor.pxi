@@ -183,7 +183,7 @@ cdef class Tensor:
             # nothing to share; ggml gives empty tensors no data pointer
             return np.empty(tuple(p.ne[i] for i in range(nd - 1, -1, -1)), dtype=_NUMPY_DTYPE[Type(p.type)])
         if p.data == NULL:
-            raise ArgumentError("numpy: the tensor has no data (its context was created with no_alloc=True)")
+            raise ArgumentError(_no_data("numpy"))
         cdef cnp.npy_intp dims[4]
         cdef cnp.npy_intp strides[4]
         cdef int i
@@ -193,7 +193,7 @@ cdef class Tensor:
             strides[nd - 1 - i] = p.nb[i]
         for i in range(GGML_MAX_DIMS):
             span += (p.ne[i] - 1) * p.nb[i]
-        cdef Storage pool = self.ctx._storage_of(p.data, span)
+        cdef Storage pool = self._data_storage(span)
         if pool is None:
             raise ArgumentError("numpy: the tensor's data lies outside the memory of its contexts")
         if not pool.host:
@@ -202,6 +202,21 @@ cdef class Tensor:
                               ggml_type_size(p.type), cnp.NPY_ARRAY_WRITEABLE, None)
         cnp.set_array_base(arr, pool)
         return arr
+
+    cdef Storage _data_storage(self, size_t span):
+        """The Storage holding ``span`` bytes at the tensor's data, or None: a backend
+        buffer's, found by the buffer's identity (an allocation pyggml holds), else a
+        pool of the tensor's context or of those it depends on."""
+        cdef ggml_tensor * p = self.ptr
+        cdef Allocation a
+        cdef Storage st
+        if p.buffer != NULL:
+            a = allocation_of(p.buffer)
+            if a is None:
+                return None
+            st = a.storage(p.buffer)
+            return st if st.contains(p.data, span) else None
+        return self.ctx._storage_of(p.data, span)
 
     cdef object _raw_view(self):
         """The data as numpy sees it: numpy() for plain types, blocks() for quantized ones."""
@@ -247,11 +262,11 @@ cdef class Tensor:
         if ggml_nelements(p) == 0:
             return np.empty(tuple(dims[i] for i in range(nd)), dtype=np.uint8)
         if p.data == NULL:
-            raise ArgumentError("blocks: the tensor has no data (its context was created with no_alloc=True)")
+            raise ArgumentError(_no_data("blocks"))
         cdef size_t span = dims[nd - 1]
         for i in range(1, GGML_MAX_DIMS):
             span += (p.ne[i] - 1) * p.nb[i]
-        cdef Storage pool = self.ctx._storage_of(p.data, span)
+        cdef Storage pool = self._data_storage(span)
         if pool is None:
             raise ArgumentError("blocks: the tensor's data lies outside the memory of its contexts")
         if not pool.host:
@@ -270,9 +285,8 @@ cdef class Tensor:
         if not ggml_is_contiguous(p):
             raise ArgumentError(f"{what}: the tensor must be contiguous (nb={self.nb}); copy a view with cont() first")
         if p.data == NULL:
-            raise ArgumentError(f"{what}: the tensor has no data (a no_alloc context: allocate it in a backend "
-                                f"buffer first)")
-        cdef Storage pool = self.ctx._storage_of(p.data, ggml_nbytes(p))
+            raise ArgumentError(_no_data(what))
+        cdef Storage pool = self._data_storage(ggml_nbytes(p))
         if pool is None:
             raise ArgumentError(f"{what}: the tensor's data lies outside the memory of its contexts")
         return pool
@@ -333,3 +347,9 @@ cdef class Tensor:
                 ggml_backend_tensor_set(self.ptr, cnp.PyArray_DATA(src), 0, n)
         else:
             memcpy(self.ptr.data, cnp.PyArray_DATA(src), n)
+
+
+cdef str _no_data(str what):
+    return (f"{what}: the tensor has no data: a no_alloc context's tensor not allocated yet, or one whose "
+            f"allocation was replaced or freed (allocate it again: Backend.alloc_ctx_tensors, "
+            f"GraphAllocator.alloc_graph, Scheduler.alloc_graph)")

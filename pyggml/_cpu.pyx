@@ -8,11 +8,13 @@ is another executor behind the same seam.
 
 cimport cython
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
-from cpython.exc cimport PyErr_CheckSignals
+from cpython.exc cimport PyErr_CheckSignals, PyErr_WriteUnraisable
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
 
 from pyggml._ggml cimport *
+from pyggml._ggml_backend cimport ggml_backend_t, ggml_backend_cpu_set_abort_callback
 from pyggml._rt cimport *
 from pyggml._core cimport Storage, index_arg, raise_aborted
 from pyggml._graph cimport Executor, Graph
@@ -200,6 +202,11 @@ cdef int64_t ASYNC_MIN_ELEMS = 1 << 20
 cdef int WAIT_SLICE_MS = 50
 
 
+cdef bint wants_async(Graph graph) noexcept:
+    """Whether a compute of ``graph`` runs on a worker thread (Ctrl-C within 50 ms)."""
+    return graph._node_elems >= ASYNC_MIN_ELEMS
+
+
 cdef extern from *:
     int __atomic_sub_fetch(int * ptr, int val, int memorder) nogil
     int __ATOMIC_ACQ_REL
@@ -210,7 +217,9 @@ cdef struct _Async:
     ggml_cplan plan
     ggml_threadpool * tp
     int refs            # the caller and the worker each hold one; the last frees
-    PyObject * keep     # (graph, storages, work buffer): alive until the worker is done
+    PyObject * keep     # (graph or None, what the compute holds, on_cleanup or None)
+    int n_cpu           # CPU backends whose abort callback points at a
+    ggml_backend_t cpu[16]
 
 
 cdef void _async_release(_Async * st) noexcept nogil:
@@ -219,11 +228,19 @@ cdef void _async_release(_Async * st) noexcept nogil:
 
 
 cdef int _async_cleanup(_Async * st) except -1:
-    """Give the graph and the threadpool back (once: see pyggml_async_handoff)."""
+    """Give everything back (once: see pyggml_async_handoff): the CPU backends' abort
+    callbacks, the graph's busy flag, the threadpool, then the caller's on_cleanup (which
+    releases the backends' locks)."""
+    cdef int i
     keep = <object>st.keep
-    (<Graph>keep[0])._busy = False
+    for i in range(st.n_cpu):
+        ggml_backend_cpu_set_abort_callback(st.cpu[i], NULL, NULL)
+    if keep[0] is not None:
+        (<Graph>keep[0])._busy = False
     _threadpool_release(st.tp)
     Py_DECREF(keep)
+    if keep[2] is not None:
+        keep[2]()
     return 0
 
 
@@ -232,7 +249,10 @@ cdef void _async_done(void * p, int cleanup) noexcept nogil:
     cdef _Async * st = <_Async *>p
     if cleanup:
         with gil:
-            _async_cleanup(st)
+            try:
+                _async_cleanup(st)
+            except BaseException as e:
+                PyErr_WriteUnraisable(e)
     _async_release(st)
 
 
@@ -246,24 +266,47 @@ cdef int _raise_checked(int rc, const char * msg) except -1:
 
 
 cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * tp, object keep) except *:
-    """Compute on a worker thread; wait interruptibly. On return, or on an exception
-    from a signal handler, the worker owns the graph's busy flag and the threadpool."""
+    """The CPU executor's compute on a worker thread (run_interruptibly)."""
+    cdef pyggml_async spec
+    memset(&spec, 0, sizeof(spec))
+    spec.graph = graph.ptr
+    spec.checked = graph._index_ops > 0
+    return run_interruptibly(&spec, &plan, tp, NULL, 0, graph, keep, None)
+
+
+cdef ggml_status run_interruptibly(pyggml_async * spec, ggml_cplan * plan, ggml_threadpool * tp,
+                                   ggml_backend_t * cpu, int n_cpu, Graph graph, object keep,
+                                   object on_cleanup) except *:
+    """Run what ``spec`` says (a graph with a plan, a backend's compute, or a task) on a
+    worker thread, and wait for it in WAIT_SLICE_MS slices, so that Ctrl-C (any signal
+    handler's exception) reaches the caller at once: then ggml is told to stop after the
+    node it is in (the plan's abort callback, or the abort callback of the ``n_cpu`` CPU
+    backends ``cpu``), and the worker, when it is done, gives everything back itself:
+    the graph stays busy, the backends locked, ``keep`` alive, until it has. Without an
+    exception the caller gives them back here, on_cleanup included."""
     cdef _Async * st = <_Async *>calloc(1, sizeof(_Async))
     if st == NULL:
         raise MemoryError()
-    cdef tuple held = (graph, keep)
-    st.plan = plan
+    cdef tuple held = (graph, keep, on_cleanup)
+    cdef int i
+    memcpy(&st.a, spec, sizeof(pyggml_async))
+    if plan != NULL:
+        st.plan = plan[0]
+        st.a.plan = &st.plan
     st.tp = tp
     st.refs = 2
     st.keep = <PyObject *>held
     Py_INCREF(held)
-    st.a.graph = graph.ptr
-    st.a.plan = &st.plan
     st.a.on_done = _async_done
     st.a.on_done_arg = st
-    st.a.checked = graph._index_ops > 0
+    st.n_cpu = min(n_cpu, 16)
+    for i in range(st.n_cpu):
+        st.cpu[i] = cpu[i]
+        ggml_backend_cpu_set_abort_callback(cpu[i], pyggml_async_aborted, &st.a)
     cdef int rc = pyggml_async_start(&st.a), done = 0
     if rc != 0:
+        for i in range(st.n_cpu):
+            ggml_backend_cpu_set_abort_callback(cpu[i], NULL, NULL)
         Py_DECREF(held)
         free(st)
         raise OSError(rc, "compute: cannot start a worker thread")
@@ -307,6 +350,14 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+cdef void note_threads(int n) noexcept:
+    """A compute on ``n`` threads is about to run (any executor): a child forked after it
+    must not start OpenMP threads."""
+    global _omp_threads_ran
+    if n > 1:
+        _omp_threads_ran = True
+
+
 def _forked_after_threads():
     """True in a process forked after a multi-threaded (OpenMP) compute in its parent."""
     return bool(_forked_after_omp)
@@ -326,7 +377,6 @@ cdef class CpuExecutor(Executor):
         return planned if plan_only else max(planned, _fab_work_size(graph, n))
 
     cdef int run(self, Graph graph, object n_threads, bint use_ref) except -1:
-        global _omp_threads_ran
         graph._check()
         cdef int n = _need_threads(n_threads)
         if use_ref and not PYGGML_HAVE_USE_REF:
@@ -347,11 +397,11 @@ cdef class CpuExecutor(Executor):
         cdef bint handed = False        # the worker thread owns busy and tp
         cdef char msg[PYGGML_MSG_CAP]
         cdef int rc, ist
-        # keep every storage the graph touches alive while the GIL is released
-        # (another thread may close a context meanwhile)
-        cdef object keep = graph._keep_alive()
+        cdef object keep = None
         try:
-            graph._check_memory(keep)
+            # every storage the graph touches stays alive while the GIL is released
+            # (another thread may close a context meanwhile)
+            keep = graph._hold()
             if graph._index_ops:
                 # indices out of range are refused before anything runs, the proof included
                 _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
@@ -365,9 +415,8 @@ cdef class CpuExecutor(Executor):
             if work_size > 0:
                 work = Storage(work_size)
                 plan.work_data = <uint8_t *>work.ptr
-            if n > 1:
-                _omp_threads_ran = True
-            if graph._node_elems >= ASYNC_MIN_ELEMS:
+            note_threads(n)
+            if wants_async(graph):
                 handed = True
                 status = _compute_async(graph, plan, tp, (keep, work))
             elif graph._index_ops:

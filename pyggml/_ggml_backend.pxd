@@ -4,7 +4,7 @@
 
 from libc.stdint cimport int64_t
 
-from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_status, ggml_tensor
+from pyggml._ggml cimport ggml_abort_callback, ggml_cgraph, ggml_context, ggml_status, ggml_tensor
 from pyggml._rt cimport pyggml_guard
 
 
@@ -91,8 +91,22 @@ cdef extern from "pyggml_rt.h" nogil:
         int failed
     int pyggml_compare_graph(ggml_backend * b1, ggml_backend * b2, ggml_cgraph * graph, pyggml_graph_cmp * state)
 
+    # no C++ exception crosses into Python (csrc/nothrow.cpp)
+    enum:
+        PYGGML_CXX_NONE
+        PYGGML_CXX_BAD_ALLOC
+        PYGGML_CXX_OTHER
+        PYGGML_STATUS_CXX_BAD_ALLOC
+        PYGGML_STATUS_CXX_OTHER
+    int pyggml_cxx_last_exception()
+    ggml_status pyggml_backend_compute_nothrow(ggml_cgraph * graph, void * backend) noexcept
+    ggml_status pyggml_sched_compute_nothrow(ggml_cgraph * graph, void * sched) noexcept
+    ggml_backend_sched_t pyggml_sched_new_nothrow(ggml_backend_t * backends, int n_backends, size_t graph_size)
+
     # the CPU backend
     ggml_backend_t ggml_backend_cpu_init()
     bint ggml_backend_is_cpu(ggml_backend_t backend)
     void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads)
+    void ggml_backend_cpu_set_abort_callback(ggml_backend_t backend_cpu, ggml_abort_callback abort_callback,
+                                             void * abort_callback_data)
     int pyggml_backend_cpu_set_use_ref(ggml_backend_t backend_cpu, int on)

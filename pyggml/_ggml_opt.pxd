@@ -96,3 +96,18 @@ cdef extern from "pyggml_rt.h" nogil:
         ggml_opt_dataset_t dataset
         ggml_backend_t cpu
     int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how)
+
+    # no C++ exception crosses into Python (csrc/nothrow.cpp)
+    ggml_opt_dataset_t pyggml_opt_dataset_init_nothrow(ggml_type type_data, ggml_type type_label,
+                                                       int64_t ne_datapoint, int64_t ne_label, int64_t ndata,
+                                                       int64_t ndata_shard)
+    ggml_opt_context_t pyggml_opt_init_nothrow(ggml_opt_params params)
+    ctypedef struct pyggml_epoch:
+        ggml_opt_context_t opt
+        ggml_opt_dataset_t dataset
+        ggml_opt_result_t result_train
+        ggml_opt_result_t result_eval
+        int64_t idata_split
+        ggml_opt_epoch_callback callback
+        int exception
+    void pyggml_opt_epoch_nothrow(void * arg) noexcept

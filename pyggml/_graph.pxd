@@ -29,6 +29,8 @@ cdef class Graph:
     cdef pg_ptrset _seen    # tensors (addresses) already in the graph
     cdef set _ctxs          # contexts whose tensors the graph reaches, beyond ctx
                             # (None while there are none: the common case stays cheap)
+    cdef set _pools         # the pools of every context it reaches: alive while the graph is
+    cdef uint64_t _epoch    # pyggml._core.placement_epoch() when _unallocated was last found None
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
     cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
@@ -41,9 +43,8 @@ cdef class Graph:
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1
     cdef bint _still_unallocated(self)
-    cdef int _check_memory(self, object keep) except -1
     cdef int _add_contexts(self, Context c) except -1
-    cdef object _keep_alive(self)
+    cdef object _hold(self)
     cdef object _tensor(self, ggml_tensor * p)
     cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added)
     cdef uint64_t _dry_backward(self, Context ctx) except? 0

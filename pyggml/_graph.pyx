@@ -90,6 +90,8 @@ cdef class Graph:
         self.size = csize
         self.grads = cgrads
         self._ctxs = None
+        self._pools = {ctx.pool}
+        self._epoch = _c.placement_epoch()
 
     def __dealloc__(self):
         pg_ptrset_free(&self._seen)
@@ -113,8 +115,9 @@ cdef class Graph:
 
     cdef bint _still_unallocated(self):
         """Whether a tensor of the graph still has no data (tensors of a no_alloc context
-        get theirs later, from a backend buffer): rescanned only while one had none."""
-        if self._unallocated is None:
+        get theirs later, from a backend buffer; an allocation released clears what it
+        placed): rescanned while one had none, and after any allocation was released."""
+        if self._unallocated is None and self._epoch == _c.placement_epoch():
             return False
         cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
         cdef ggml_tensor * p
@@ -127,71 +130,61 @@ cdef class Graph:
                     self._unallocated = <uintptr_t>s
                     return True
         self._unallocated = None
+        self._epoch = _c.placement_epoch()
         return False
 
-    cdef int _check_memory(self, object keep) except -1:
-        """Where a context of the graph holds backend memory: every tensor's data must lie
-        in a storage the compute keeps alive (``keep``, from _keep_alive). A tensor a
-        graph allocator placed, whose allocation was since replaced, points into memory
-        that may be gone: refused here, never read."""
-        cdef Context c
-        cdef bint any_buffers = self.ctx._n_buffers > 0
-        if not any_buffers and self._ctxs is not None:
-            for c in self._ctxs:
-                if c._n_buffers > 0:
-                    any_buffers = True
-                    break
-        if not any_buffers:
-            return 0
-        cdef list pools = [keep] if isinstance(keep, Storage) else [k for k in keep if k is not None]
-        cdef Storage st
-        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
-        cdef ggml_tensor * p
-        cdef ggml_tensor * s
-        cdef bint inside
-        for i in range(n):
-            p = ggml_graph_node(self.ptr, i)
-            for j in range(-1, GGML_MAX_SRC + 1):
-                s = p if j == -1 else (p.view_src if j == GGML_MAX_SRC else p.src[j])
-                if s == NULL or s.data == NULL or ggml_nelements(s) == 0:
-                    continue
-                inside = False
-                for st in pools:
-                    if st.contains(s.data, ggml_nbytes(s) if ggml_is_contiguous(s) else 1):
-                        inside = True
-                        break
-                if not inside:
-                    raise ArgumentError(
-                        f"compute: tensor {s.name.decode(errors='replace')!r} points into memory the graph's contexts "
-                        f"no longer hold (a later GraphAllocator.alloc_graph replaced its allocation): allocate "
-                        f"this graph again")
-        return 0
-
     cdef int _add_contexts(self, Context c) except -1:
-        """The graph now reaches tensors of ``c`` (and of what ``c`` depends on)."""
+        """The graph now reaches tensors of ``c`` (and of what ``c`` depends on): it keeps
+        their pools, so that closing one of them never frees a node under the graph."""
+        cdef Storage st
         if c is not self.ctx:
             if self._ctxs is None:
                 self._ctxs = set()
             self._ctxs.add(c)
+        if c.pool is not None:
+            self._pools.add(c.pool)
         if c._deps:
             if self._ctxs is None:
                 self._ctxs = set()
             self._ctxs.update(<set>c._deps)
             self._ctxs.discard(self.ctx)
+            for st in c._dep_pools:
+                if st.owner is None and st.buffer == NULL:      # a context's pool
+                    self._pools.add(st)
         return 0
 
-    cdef object _keep_alive(self):
-        """The storages every tensor of the graph lies in: held while it computes."""
-        cdef Context c
-        if self._ctxs is None and not self.ctx._dep_pools:
-            return self.ctx.pool          # the common case: one context, no list
-        keep = [self.ctx.pool]
-        keep.extend(self.ctx._dep_pools)
-        if self._ctxs is not None:
-            for c in self._ctxs:
-                keep.append(c.pool)
-                keep.extend(c._dep_pools)
-        return keep
+    cdef object _hold(self):
+        """What a compute holds while the GIL is released (another thread may close a
+        context or drop an allocation meanwhile): the pools of the graph's contexts, and
+        the Allocation of every backend buffer its tensors lie in, found by the buffer's
+        identity. Refuses a tensor without data (its allocation was released: allocate
+        again) and one in a backend buffer pyggml does not hold."""
+        if not _c.any_allocations():
+            return self._pools
+        cdef int i, j, n = ggml_graph_n_nodes(self.ptr)
+        cdef ggml_tensor * p
+        cdef ggml_tensor * s
+        cdef _c.Allocation a
+        cdef set allocs = set()
+        for i in range(n):
+            p = ggml_graph_node(self.ptr, i)
+            for j in range(-1, GGML_MAX_SRC + 1):
+                s = p if j == -1 else (p.view_src if j == GGML_MAX_SRC else p.src[j])
+                if s == NULL or s.buffer == NULL:
+                    if s != NULL and s.data == NULL and ggml_nelements(s) != 0:
+                        raise ArgumentError(
+                            f"compute: tensor {s.name.decode(errors='replace')!r} has no data: its allocation was "
+                            f"replaced or freed (a later alloc_graph of the same allocator, or its context closed), "
+                            f"or it was never allocated: allocate this graph again")
+                    continue
+                a = _c.allocation_of(s.buffer)
+                if a is None:
+                    raise ArgumentError(
+                        f"compute: tensor {s.name.decode(errors='replace')!r} lies in a backend buffer pyggml does "
+                        f"not hold (one ggml-opt or a scheduler allocated for itself): allocate this graph with "
+                        f"a GraphAllocator or a Scheduler first")
+                allocs.add(a)
+        return (self._pools, allocs)
 
     def build_forward_expand(self, t):
         """build_forward_expand(t): add ``t`` and everything it depends on to the graph,

@@ -23,8 +23,11 @@ from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._ggml_opt cimport *
 from pyggml._rt cimport *
+from libc.string cimport memset
+
 from pyggml._core cimport Context, Tensor, need_open
-from pyggml._backend cimport Backend, Scheduler
+from pyggml._backend cimport Backend, Scheduler, lock_backends, set_callback_holds, unlock_backends
+from pyggml._cpu cimport _need_threads, note_threads, run_interruptibly
 from pyggml._graph cimport Graph
 
 import threading
@@ -32,7 +35,7 @@ import threading
 import numpy as np
 
 from pyggml._core import Type
-from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, UpstreamDefect
+from pyggml.errors import ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, InUseError, UpstreamDefect
 
 cnp.import_array()
 
@@ -70,8 +73,11 @@ cdef class Dataset:
                 raise ArgumentError(f"Dataset: {name} must be Type.F32, F16 or I32, got {t!r}")
         self.ndata, self.ne_datapoint, self.ne_label, self.ndata_shard = ndata, ne_datapoint, ne_label, ndata_shard
         self.type_data, self.type_label = Type(type_data), Type(type_label)
-        self.ptr = ggml_opt_dataset_init(<ggml_type><int>type_data, <ggml_type><int>type_label, ne_datapoint,
-                                         ne_label, ndata, ndata_shard)
+        self.ptr = pyggml_opt_dataset_init_nothrow(<ggml_type><int>type_data, <ggml_type><int>type_label,
+                                                   ne_datapoint, ne_label, ndata, ndata_shard)
+        if self.ptr == NULL:
+            raise ContextFullError(f"Dataset: no memory for {ndata} points of {ne_datapoint} values and labels of "
+                                   f"{ne_label}")
 
     def __dealloc__(self):
         if self.ptr != NULL:
@@ -129,11 +135,15 @@ cdef object _result(ggml_opt_result_t r):
     return Result(int(n), loss, lunc, acc, aunc, pred)
 
 
-# ggml-opt's epoch callback has no user data: the one epoch running at a time (a lock)
-# finds its Python callback here
+# ggml-opt's epoch callback has no user data: the one epoch running at a time (a lock,
+# held from the epoch's start until its worker thread is done) finds its Python callback
+# here. The callback runs on that worker thread.
 _epoch_lock = threading.Lock()
 cdef object _callback = None
 cdef object _callback_error = None
+cdef tuple _epoch_backends = ()
+cdef bint _epoch_cancelled = False       # the caller stopped waiting (Ctrl-C): call back no more
+cdef long _callback_thread = 0           # the thread running the callback, while it runs
 
 
 cdef void _on_batch(bint train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result,
@@ -143,13 +153,39 @@ cdef void _on_batch(bint train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t d
 
 
 cdef void _call_back(bint train, ggml_opt_result_t result, int64_t ibatch, int64_t ibatch_max) noexcept:
-    global _callback_error
-    if _callback is None or _callback_error is not None:
+    global _callback_error, _callback_thread
+    if _callback is None or _callback_error is not None or _epoch_cancelled:
         return
+    _callback_thread = threading.get_ident()
+    set_callback_holds((_callback_thread, _epoch_backends))
     try:
         _callback(bool(train), int(ibatch), int(ibatch_max), _result(result))
     except BaseException as e:          # raised after the epoch: ggml cannot stop one midway
         _callback_error = e
+    finally:
+        set_callback_holds(None)
+        _callback_thread = 0
+
+
+@cython.final
+cdef class _EpochState:
+    """What one epoch's worker thread uses: alive until it is done."""
+    cdef pyggml_epoch e
+
+    def __dealloc__(self):
+        if self.e.result_train != NULL:
+            ggml_opt_result_free(self.e.result_train)
+        if self.e.result_eval != NULL:
+            ggml_opt_result_free(self.e.result_eval)
+
+
+cdef void _end_epoch(tuple backends) noexcept:
+    """The epoch's worker is done: give back its callback, its backends and the lock."""
+    global _callback, _epoch_backends
+    _callback = None
+    _epoch_backends = ()
+    unlock_backends(backends)
+    _epoch_lock.release()
 
 
 @cython.final
@@ -168,6 +204,7 @@ cdef class Optimizer:
     cdef readonly str loss, optimizer
     cdef ggml_opt_optimizer_params _params
     cdef tuple _keep                  # the contexts the graphs live in: checked open before use
+    cdef object _pools                # their pools: ggml-opt's graphs live there, whatever closes
     cdef Tensor _inputs, _outputs
 
     def __cinit__(self, Scheduler scheduler not None, Context ctx_compute not None, Tensor inputs not None,
@@ -197,6 +234,7 @@ cdef class Optimizer:
         cdef Graph g = Graph(ctx_compute, 2048)
         g.build_forward_expand(outputs)
         self._keep = tuple({ctx_compute, inputs.ctx, outputs.ctx} | (g._ctxs or set()))
+        self._pools = frozenset(g._pools)
         _check_forward(g)
         self.scheduler = scheduler
         self.loss, self.optimizer = loss, optimizer
@@ -212,7 +250,9 @@ cdef class Optimizer:
         params.optimizer = <ggml_opt_optimizer_type>OPTIMIZERS[optimizer]
         self._prove(params)
         with nogil:
-            self.ptr = ggml_opt_init(params)
+            self.ptr = pyggml_opt_init_nothrow(params)
+        if self.ptr == NULL:
+            raise ContextFullError("Optimizer: ggml_opt_init ran out of memory")
 
     cdef int _prove(self, ggml_opt_params params) except -1:
         """ggml_opt_init, an allocation and one batch in a forked child: its abort here."""
@@ -344,27 +384,70 @@ cdef class Optimizer:
                                 f"[0, {dataset.ndata}], got {idata_split!r}")
         if callback is not None and not callable(callback):
             raise ArgumentError("epoch: callback must be callable")
+        if _callback_thread == threading.get_ident():
+            raise InUseError("epoch: called from the callback of a running epoch (ggml-opt runs one epoch at a "
+                             "time): call it after that epoch returns")
         self._set_params(dict(params or {}))
-        cdef ggml_opt_result_t rt = ggml_opt_result_init()
-        cdef ggml_opt_result_t rv = ggml_opt_result_init()
-        cdef int64_t split = idata_split
-        cdef ggml_opt_epoch_callback cb = NULL
-        if callback is not None:
-            cb = _on_batch
+        return self._run_epoch(dataset, idata_split, callback)
+
+    cdef tuple _run_epoch(self, Dataset dataset, int64_t split, object callback):
+        """ggml_opt_epoch on a worker thread, holding the epoch lock and the scheduler's
+        backends (their computes wait; their close() raises InUseError), the CPU backends'
+        threads set as their computes would; Ctrl-C returns at once and stops ggml after
+        the node it is in."""
+        global _callback, _callback_error, _epoch_backends, _epoch_cancelled
+        cdef tuple backends = self.scheduler.backends
+        cdef Backend b
+        cdef int n, n_cpu = 0
+        cdef ggml_backend_t cpu[16]
+        _epoch_lock.acquire()
         try:
-            with _epoch_lock:
-                _callback, _callback_error = callback, None
-                try:
-                    with nogil:
-                        ggml_opt_epoch(self.ptr, dataset.ptr, rt, rv, split, cb, cb)
-                finally:
-                    err, _callback, _callback_error = _callback_error, None, None
-            if err is not None:
-                raise err
-            return _result(rt), _result(rv)
-        finally:
-            ggml_opt_result_free(rt)
-            ggml_opt_result_free(rv)
+            lock_backends(backends, "epoch")
+        except BaseException:
+            _epoch_lock.release()
+            raise
+        cdef _EpochState state = _EpochState.__new__(_EpochState)
+        cdef pyggml_async spec
+        try:
+            self._check()                    # a context or backend closed while this waited
+            for b in backends:
+                if b.is_cpu:
+                    n = _need_threads(b._n_threads)
+                    ggml_backend_cpu_set_n_threads(b.ptr, n)
+                    note_threads(n)
+                    if n_cpu < 16:
+                        cpu[n_cpu] = b.ptr
+                        n_cpu += 1
+            state.e.opt = self.ptr
+            state.e.dataset = dataset.ptr
+            state.e.result_train = ggml_opt_result_init()
+            state.e.result_eval = ggml_opt_result_init()
+            state.e.idata_split = split
+            state.e.callback = NULL
+            if callback is not None:
+                state.e.callback = _on_batch
+            memset(&spec, 0, sizeof(spec))
+            spec.task = pyggml_opt_epoch_nothrow
+            spec.task_arg = &state.e
+            _callback, _callback_error, _epoch_backends, _epoch_cancelled = callback, None, backends, False
+        except BaseException:
+            _end_epoch(backends)
+            raise
+        try:
+            run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, None, (self, dataset, state),
+                              lambda: _end_epoch(backends))
+        except BaseException:
+            _epoch_cancelled = True          # the batches left run aborted, without callbacks
+            raise
+        err, _callback_error = _callback_error, None
+        if state.e.exception != PYGGML_CXX_NONE:
+            for b in backends:
+                b._poisoned = True
+            raise ContextFullError("epoch: ggml-opt ran out of memory (a C++ exception); the scheduler's backends "
+                                   "are not usable any more")
+        if err is not None:
+            raise err
+        return _result(state.e.result_train), _result(state.e.result_eval)
 
 
 cdef int _check_forward(Graph g) except -1:

@@ -63,6 +63,10 @@ cdef extern from "pyggml_rt.h" nogil:
     ctypedef struct pyggml_async:
         ggml_cgraph * graph
         ggml_cplan * plan
+        ggml_status (*compute)(ggml_cgraph * graph, void * arg) noexcept nogil
+        void * compute_arg
+        void (*task)(void * arg) noexcept nogil
+        void * task_arg
         int checked
         int check_rc
         char check_msg[1]
@@ -74,6 +78,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_async_wait(pyggml_async * a, int timeout_ms)
     void pyggml_async_abort(pyggml_async * a)
     int pyggml_async_handoff(pyggml_async * a)
+    bint pyggml_async_aborted(void * data) noexcept nogil
     int pyggml_openmp_loaded()
 
 

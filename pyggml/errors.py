@@ -14,7 +14,8 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     ├── GGMLAbort (ValueError)              ggml itself would abort: .ggml_message is its message
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
-    ├── GraphBusyError (RuntimeError)       another thread computes (or builds) this graph
+    ├── InUseError (RuntimeError)           close() or re-entry of what a compute, scheduler or optimizer uses
+    │   └── GraphBusyError                  another thread computes (or builds) this graph
     ├── UnsafeForkError (RuntimeError)      threads requested where a fork left OpenMP unusable
     └── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
-    "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError",
+    "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InUseError",
     "KernelPreconditionError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
 ]
 
@@ -99,7 +100,15 @@ class UnsupportedOpError(GGMLError, NotImplementedError):
         self.op, self.node, self.backend = op, node, backend
 
 
-class GraphBusyError(GGMLError, RuntimeError):
+class InUseError(GGMLError, RuntimeError):
+    """The object is in use: a compute runs on it (a Backend during a compute, a Context
+    whose graphs an Optimizer's epoch runs), a Scheduler or an Optimizer holds it, or it
+    was re-entered from a callback of its own compute (``Optimizer.epoch`` from its
+    callback). ``close()`` and the re-entrant call raise this instead of freeing memory
+    under the compute, or deadlocking."""
+
+
+class GraphBusyError(InUseError):
     """The graph is being computed (or changed) by another thread."""
 
 

@@ -140,7 +140,13 @@ def test_tensors_placed_by_an_earlier_allocation_keep_its_memory():
     gc.collect()
     sched.graph_compute(g2)
     assert np.allclose(mm2.numpy(), 2 * (y @ x.T), rtol=1e-5, atol=1e-5)
-    cpu.graph_compute(g)            # the first graph's memory is still held: computes, not refused
+    # the first graph's other tensors (b, mm) were released by the second allocation
+    with pytest.raises(ArgumentError, match="without data"):
+        cpu.graph_compute(g)
+    sched.alloc_graph(g)            # a again stays where it is, with its values
+    assert np.array_equal(a.get(), x) and mm2.data_ptr == 0
+    b.set(y)
+    sched.graph_compute(g)
     assert np.allclose(mm.numpy(), y @ x.T, rtol=1e-5, atol=1e-5)
 
 
@@ -156,7 +162,7 @@ def test_the_scheduler_checks_its_arguments():
     ctx.close()
     with pytest.raises(ArgumentError, match="closed"):
         sched.graph_compute(g)
-    with pytest.raises(ArgumentError, match="a Scheduler uses it"):
+    with pytest.raises(pyggml.InUseError, match="a Scheduler uses it"):
         cpu.close()
 
 

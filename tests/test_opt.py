@@ -113,7 +113,7 @@ def test_what_ggml_opt_would_abort_on_is_refused():
         with pytest.raises(ArgumentError, match=match):
             opt.Dataset(**kw)
     sched = opt.Scheduler([cpu])
-    with pytest.raises(ArgumentError, match="a Scheduler uses it"):
+    with pytest.raises(pyggml.InUseError, match="a Scheduler uses it"):
         cpu.close()
     weights, compute, images, logits = _model(cpu)
     with pytest.raises(ArgumentError, match="loss must be one of"):

@@ -215,20 +215,31 @@ int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * ds
 
 /* --- computing on a worker thread ------------------------------------------------------ */
 
-static bool async_abort_cb(void * data) {
+bool pyggml_async_aborted(void * data) {
     pyggml_async * a = data;
     return __atomic_load_n(&a->abort, __ATOMIC_RELAXED) != 0;
 }
 
 static void * async_main(void * p) {
     pyggml_async * a = p;
-    a->plan->abort_callback = async_abort_cb;
-    a->plan->abort_callback_data = a;
-    int status;
-    if (a->checked) {
-        a->check_rc = pyggml_compute_checked(a->graph, a->plan, a->check_msg, sizeof a->check_msg, &status);
+    int status = GGML_STATUS_SUCCESS;
+    if (a->task != NULL) {
+        a->task(a->task_arg);
+    } else if (a->compute != NULL) {
+        if (a->checked) {
+            a->check_rc = pyggml_compute_checked_with(a->graph, a->compute, a->compute_arg, a->check_msg,
+                                                      sizeof a->check_msg, &status);
+        } else {
+            status = a->compute(a->graph, a->compute_arg);
+        }
     } else {
-        status = ggml_graph_compute(a->graph, a->plan);
+        a->plan->abort_callback = pyggml_async_aborted;
+        a->plan->abort_callback_data = a;
+        if (a->checked) {
+            a->check_rc = pyggml_compute_checked(a->graph, a->plan, a->check_msg, sizeof a->check_msg, &status);
+        } else {
+            status = ggml_graph_compute(a->graph, a->plan);
+        }
     }
     /* before done is set: a caller that sees done has not handed the clean-up over */
     const int handed_over = pyggml_async_handoff(a);

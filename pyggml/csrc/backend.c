@@ -18,7 +18,7 @@ int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr_t galloc, stru
 int pyggml_try_sched_alloc_graph(pyggml_guard * g, ggml_backend_sched_t sched, struct ggml_cgraph * graph, int * ok) {
     pyggml_guard_enter(g);
     if (setjmp(g->env) == 0) {
-        *ok = ggml_backend_sched_alloc_graph(sched, graph);
+        *ok = pyggml_sched_alloc_graph_nothrow(sched, graph);
         pyggml_guard_leave(g);
         return 1;
     }

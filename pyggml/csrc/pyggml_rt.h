@@ -90,11 +90,19 @@ PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * 
  * the caller after its wait, or when it gives up waiting. The worker ends with
  * on_done(on_done_arg, cleanup), cleanup = 1 when the clean-up is its own: a caller that
  * waited to the end always cleans up itself, so the worker takes no GIL then. The struct
- * must live until on_done. */
+ * must live until on_done.
+ * What the worker runs: task(task_arg) when task is set (an epoch of ggml-opt); else
+ * compute(graph, compute_arg) when compute is set (a backend's or a scheduler's graph
+ * compute: whoever starts it points the CPU backends' abort callback at
+ * pyggml_async_aborted); else ggml_graph_compute(graph, plan). */
 #include <pthread.h>
 typedef struct pyggml_async {
     struct ggml_cgraph * graph;
     struct ggml_cplan * plan;
+    enum ggml_status (*compute)(struct ggml_cgraph * graph, void * arg);
+    void * compute_arg;
+    void (*task)(void * arg);
+    void * task_arg;
     int checked;            /* compute through pyggml_compute_checked (index ops) */
     int check_rc;           /* its result */
     char check_msg[PYGGML_MSG_CAP];
@@ -113,6 +121,9 @@ PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an err
 PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
 PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);
+/* an abort callback (ggml_abort_callback) for ggml's CPU backend: true once
+ * pyggml_async_abort was called on data (a pyggml_async *) */
+PYGGML_RT_API bool pyggml_async_aborted(void * data);
 
 /* 1 when the linked ggml-cpu uses OpenMP: a system ggml's build flags are unknown to
  * CMake, but its CPU backend lists OPENMP among its features (an older one without that
@@ -247,6 +258,35 @@ typedef struct pyggml_opt_probe {
     ggml_backend_t cpu;            /* the scheduler's CPU backend: one thread in the child */
 } pyggml_opt_probe;
 PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how);
+
+/* --- no C++ exception crosses into Python (nothrow.cpp) ------------------------------------
+ * Each wrapper calls ggml's C++ code in a try block: an exception becomes the error value
+ * named (NULL, 0, GGML_STATUS_ALLOC_FAILED) and pyggml_cxx_last_exception() says which
+ * (on the calling thread; reset by every wrapper). */
+enum { PYGGML_CXX_NONE = 0, PYGGML_CXX_BAD_ALLOC = 1, PYGGML_CXX_OTHER = 2 };
+/* the statuses of the compute wrappers when ggml's C++ threw (not ggml_status values) */
+enum { PYGGML_STATUS_CXX_BAD_ALLOC = -100, PYGGML_STATUS_CXX_OTHER = -101 };
+PYGGML_RT_API int pyggml_cxx_last_exception(void);
+PYGGML_RT_API enum ggml_status pyggml_backend_compute_nothrow(struct ggml_cgraph * graph, void * backend);
+PYGGML_RT_API enum ggml_status pyggml_sched_compute_nothrow(struct ggml_cgraph * graph, void * sched);
+PYGGML_RT_API int pyggml_sched_alloc_graph_nothrow(ggml_backend_sched_t sched, struct ggml_cgraph * graph);
+PYGGML_RT_API ggml_backend_sched_t pyggml_sched_new_nothrow(ggml_backend_t * backends, int n_backends,
+                                                            size_t graph_size);
+PYGGML_RT_API ggml_opt_dataset_t pyggml_opt_dataset_init_nothrow(enum ggml_type type_data, enum ggml_type type_label,
+                                                                 int64_t ne_datapoint, int64_t ne_label,
+                                                                 int64_t ndata, int64_t ndata_shard);
+PYGGML_RT_API ggml_opt_context_t pyggml_opt_init_nothrow(struct ggml_opt_params params);
+/* one ggml_opt_epoch, as a pyggml_async task (arg: a pyggml_epoch *); exception: PYGGML_CXX_* */
+typedef struct pyggml_epoch {
+    ggml_opt_context_t opt;
+    ggml_opt_dataset_t dataset;
+    ggml_opt_result_t result_train;
+    ggml_opt_result_t result_eval;
+    int64_t idata_split;
+    ggml_opt_epoch_callback callback;
+    int exception;
+} pyggml_epoch;
+PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg);
 
 #ifdef __cplusplus
 }

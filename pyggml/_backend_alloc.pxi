@@ -1,0 +1,412 @@
+# Included by _backend.pyx: backend memory. The buffer of alloc_ctx_tensors, the graph
+# allocator (ggml_gallocr) and the scheduler (ggml_backend_sched), each allocation an
+# pyggml._core.Allocation that clears what it placed when released or freed.
+
+
+@cython.final
+cdef class _BufferAllocation(Allocation):
+    """The buffer of one ``alloc_ctx_tensors``."""
+    cdef ggml_backend_buffer_t buf
+
+    def __dealloc__(self):
+        self.release()
+        if self.buf != NULL:
+            ggml_backend_buffer_free(self.buf)
+            self.buf = NULL
+
+
+@cython.final
+cdef class _Gallocation(Allocation):
+    """One ggml_gallocr and the buffers it allocated."""
+    cdef ggml_gallocr_t ptr
+
+    def __dealloc__(self):
+        self.release()
+        if self.ptr != NULL:
+            ggml_gallocr_free(self.ptr)
+            self.ptr = NULL
+
+
+@cython.final
+cdef class _SchedAllocation(Allocation):
+    """One ggml_backend_sched that allocated a graph, and the backends it uses."""
+    cdef ggml_backend_sched_t ptr
+    cdef tuple backends
+    cdef Graph graph
+    cdef int n_nodes
+    cdef set members            # the addresses of the graph's tensors when it was allocated
+
+    def __dealloc__(self):
+        self.release()
+        if self.ptr != NULL:
+            _sched_free(self.ptr, self.backends)
+            self.ptr = NULL
+
+
+cdef list _tensors_of(Graph graph):
+    """The addresses of the graph's nodes, their sources and the sources of views."""
+    cdef int i, j, n = ggml_graph_n_nodes(graph.ptr)
+    cdef ggml_tensor * p
+    cdef ggml_tensor * s
+    cdef set seen = set()
+    cdef list out = []
+    for i in range(n):
+        p = ggml_graph_node(graph.ptr, i)
+        for j in range(-1, GGML_MAX_SRC + 1):
+            s = p if j == -1 else (p.view_src if j == GGML_MAX_SRC else p.src[j])
+            if s != NULL and <uintptr_t>s not in seen:
+                seen.add(<uintptr_t>s)
+                out.append(<uintptr_t>s)
+    return out
+
+
+cdef list _without_buffer(list tensors):
+    cdef list out = []
+    for key in tensors:
+        if (<ggml_tensor *><uintptr_t>key).buffer == NULL:
+            out.append(key)
+    return out
+
+
+cdef list _protect_inputs(list tensors):
+    """ggml's allocators may compute a node in the memory of an input it reads (in place),
+    overwriting the input: pyggml marks the inputs (set_input) outputs while it allocates,
+    so their values survive every compute. Returns the tensors to unmark."""
+    cdef ggml_tensor * t
+    cdef list marked = []
+    for key in tensors:
+        t = <ggml_tensor *><uintptr_t>key
+        if t.flags & GGML_TENSOR_FLAG_INPUT and not t.flags & GGML_TENSOR_FLAG_OUTPUT:
+            t.flags |= GGML_TENSOR_FLAG_OUTPUT
+            marked.append(key)
+    return marked
+
+
+cdef void _unprotect(list marked) noexcept:
+    for key in marked:
+        (<ggml_tensor *><uintptr_t>key).flags &= ~GGML_TENSOR_FLAG_OUTPUT
+
+
+@cython.final
+cdef class _History:
+    """An allocator's allocations that still place tensors, and the contexts that hold
+    their buffers. Allocating a graph releases every earlier allocation but for the
+    tensors the new graph uses (which stay where they are, values and all): a graph whose
+    tensors were released is allocated again by the next alloc_graph, never computed on
+    memory it lost."""
+    cdef list entries           # [(Allocation, [(Context, Storage)])]
+
+    def __cinit__(self):
+        self.entries = []
+
+    cdef int release_for(self, list tensors) except -1:
+        cdef set keep = set(tensors)
+        cdef Allocation a
+        kept = []
+        for a, regs in self.entries:
+            if a.release(keep):
+                kept.append((a, regs))
+            else:
+                for c, st in regs:
+                    (<Context>c)._drop_storage(st)
+        self.entries = kept
+        return 0
+
+    cdef size_t add(self, Allocation a, Graph graph) except? 0:
+        """Every open context holding a tensor ``a`` placed holds the buffer it lies in.
+        Returns the bytes of ``a``'s buffers."""
+        cdef list ctxs = [graph.ctx] + list(graph._ctxs or ())
+        cdef size_t i, total = 0
+        cdef ggml_tensor * t
+        cdef Context c
+        regs = []
+        held = set()
+        for i in range(a.n_placed):
+            t = a.placed[i].t
+            if <uintptr_t>t.buffer not in a.buffers:
+                continue                          # a view into another allocation's memory
+            for c in ctxs:
+                if c._holds(t):
+                    if c.ptr != NULL and (c, <uintptr_t>t.buffer) not in held:
+                        held.add((c, <uintptr_t>t.buffer))
+                        st = a.storage(t.buffer)
+                        c._add_storage(st)
+                        regs.append((c, st))
+                    break
+        for key in a.buffers:
+            total += ggml_backend_buffer_get_size(<ggml_backend_buffer_t><uintptr_t>key)
+        if a.n_placed:
+            self.entries.append((a, regs))
+        return total
+
+
+cdef int _after_failure(Allocation a, list before, Graph graph) except -1:
+    """An allocation that failed midway: clear what it placed before raising."""
+    a.record(before, graph._pools)
+    a.release()
+    return 0
+
+
+@cython.final
+cdef class GraphAllocator:
+    """GraphAllocator(backend)
+
+    ggml's graph allocator (``ggml_gallocr``) for ``backend``'s default buffer type:
+    ``alloc_graph(graph)`` gives every tensor of the graph without data memory in one
+    of its buffers, reusing the memory of tensors no longer needed (ggml's liveness
+    analysis: intermediate results share memory; outputs and inputs, marked with
+    ``set_output``/``set_input``, keep theirs; pyggml never lets a node overwrite an
+    input in place).
+
+    Each ``alloc_graph`` is a new allocation, and releases this allocator's earlier ones
+    but for the tensors the new graph uses: a released tensor has no data until a graph
+    holding it is allocated again (computing its graph raises until then). The tensors'
+    contexts hold the allocation, numpy views of its tensors keep its memory. Allocate a
+    graph once and compute it many times."""
+
+    cdef readonly Backend backend
+    cdef _History _history
+
+    def __cinit__(self, Backend backend not None):
+        backend._need_open()
+        self.backend = backend
+        self._history = _History()
+
+    def __repr__(self):
+        return f"<pyggml.GraphAllocator for {self.backend.name}>"
+
+    def alloc_graph(self, Graph graph not None):
+        """alloc_graph(graph) -> int: allocate the graph's tensors that have no data
+        (``ggml_gallocr_alloc_graph``). Returns the bytes allocated."""
+        self.backend._need_open()
+        graph._check_idle()
+        cdef list tensors = _tensors_of(graph)
+        self._history.release_for(tensors)
+        cdef ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(self.backend.ptr)
+        cdef _Gallocation alloc = _Gallocation.__new__(_Gallocation)
+        alloc.ptr = ggml_gallocr_new(buft)
+        if alloc.ptr == NULL:
+            raise MemoryError("alloc_graph: ggml_gallocr_new failed")
+        cdef pyggml_guard g
+        cdef int ok = 0, rc
+        cdef list before = _without_buffer(tensors)
+        cdef list marked = _protect_inputs(tensors)
+        try:
+            rc = pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, graph.ptr, &ok)
+        finally:
+            _unprotect(marked)
+        if not rc or not ok:
+            _after_failure(alloc, before, graph)
+            if not rc:
+                raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
+            raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer")
+        alloc.record(before, graph._pools)
+        return self._history.add(alloc, graph)
+
+
+# ggml_backend_sched_new asserts n_backends <= GGML_SCHED_MAX_BACKENDS, which only
+# ggml-backend.cpp defines (16 in every release pyggml builds against)
+cdef int _MAX_BACKENDS = 16
+
+
+cdef void _sched_free(ggml_backend_sched_t p, tuple backends) noexcept:
+    """Free a scheduler of _sched_new: its backends may be closed again."""
+    cdef Backend b
+    ggml_backend_sched_free(p)
+    for b in backends:
+        b._users -= 1
+
+
+cdef ggml_backend_sched_t _sched_new(tuple backends, size_t graph_size) except NULL:
+    cdef ggml_backend_t ptrs[16]
+    cdef Backend b
+    for i, b in enumerate(backends):
+        b._need_open()
+        ptrs[i] = b.ptr
+    cdef ggml_backend_sched_t p = pyggml_sched_new_nothrow(ptrs, len(backends), graph_size)
+    if p == NULL:
+        raise ContextFullError(f"Scheduler: ggml_backend_sched_new failed for a graph of {graph_size} nodes")
+    for b in backends:
+        b._users += 1
+    return p
+
+
+cdef ggml_status _sched_compute_on(ggml_cgraph * graph, void * sched) noexcept nogil:
+    return pyggml_sched_compute_nothrow(graph, sched)
+
+
+@cython.final
+cdef class Scheduler:
+    """Scheduler(backends, graph_size=2048)
+
+    ``ggml_backend_sched`` over ``backends`` (a list of :class:`Backend`, the CPU
+    backend last, as ggml requires): each node of a graph goes to the first backend
+    that supports it (the CPU one last), and the scheduler copies tensors between them.
+    ``alloc_graph(graph)`` allocates a graph's tensors in the backends' buffers;
+    ``graph_compute(graph)`` computes it (allocating it first if needed). ggml-opt's
+    :class:`pyggml.opt.Optimizer` trains over a Scheduler too. The backends cannot be
+    closed while it, or an allocation of it, lives.
+
+    Each ``alloc_graph`` is a new allocation, as with :class:`GraphAllocator`: it
+    releases the earlier ones but for the tensors the new graph uses. Two graphs
+    computed in turn (train and eval) are each allocated again when their turn comes."""
+
+    def __cinit__(self, backends, graph_size=2048):
+        self.ptr = NULL
+        bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
+        if not bs or not all(isinstance(b, Backend) for b in bs):
+            raise ArgumentError("Scheduler: backends must be a non-empty list of pyggml.Backend")
+        if len(bs) > _MAX_BACKENDS:
+            raise ArgumentError(f"Scheduler: at most {_MAX_BACKENDS} backends")
+        if len(set(map(id, bs))) != len(bs):
+            raise ArgumentError("Scheduler: a backend is listed twice")
+        cdef Backend b
+        for b in bs:
+            b._need_open()
+        if not (<Backend>bs[-1]).is_cpu:
+            raise ArgumentError("Scheduler: the last backend must be the CPU backend (ggml's fallback)")
+        if type(graph_size) is not int or not 16 <= graph_size <= (1 << 24):
+            raise ArgumentError(f"Scheduler: graph_size must be an int in [16, 2**24], got {graph_size!r}")
+        self.ptr = _sched_new(bs, graph_size)
+        self.backends = bs
+        self.cpu = bs[-1]
+        self.graph_size = graph_size
+        self._current = None
+        self._history = _History()
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            _sched_free(self.ptr, self.backends)
+            self.ptr = NULL
+
+    def __repr__(self):
+        return f"<pyggml.Scheduler over {', '.join(b.name for b in self.backends)}>"
+
+    cdef int _check_nodes(self, Graph graph) except -1:
+        """ggml's scheduler asserts when no backend supports a node (and when the graph
+        has more nodes and leafs than its hash set)."""
+        cdef int i
+        cdef ggml_tensor * p
+        cdef Backend b
+        for i in range(ggml_graph_n_nodes(graph.ptr)):
+            p = ggml_graph_node(graph.ptr, i)
+            if not any(ggml_backend_supports_op((<Backend>b).ptr, p) for b in self.backends):
+                op = ggml_op_desc(p).decode()
+                name = p.name.decode(errors="replace")
+                raise UnsupportedOpError(f"Scheduler: no backend of {', '.join(b.name for b in self.backends)} "
+                                         f"supports node {i} ({op} {name!r})", op, name, "")
+        return 0
+
+    def alloc_graph(self, Graph graph not None):
+        """alloc_graph(graph) -> int: split the graph over the backends and allocate the
+        tensors that have no data (``ggml_backend_sched_alloc_graph``, in a scheduler of
+        its own). Returns the bytes of the buffers the new allocation made."""
+        cdef Backend b
+        for b in self.backends:
+            b._need_open()
+        graph._check_idle()
+        self._check_nodes(graph)
+        cdef list tensors = _tensors_of(graph)
+        cdef _History history = self._history
+        history.release_for(tensors)
+        self._current = None
+        cdef int n_nodes = ggml_graph_n_nodes(graph.ptr)
+        cdef size_t size = max(self.graph_size, 2 * <size_t>ggml_graph_size(graph.ptr) + 16)
+        cdef _SchedAllocation alloc = _SchedAllocation.__new__(_SchedAllocation)
+        alloc.ptr = _sched_new(self.backends, size)
+        alloc.backends = self.backends
+        alloc.graph = graph
+        alloc.n_nodes = n_nodes
+        alloc.members = set(tensors)
+        cdef pyggml_guard g
+        cdef int ok = 0, rc
+        cdef list before = _without_buffer(tensors)
+        cdef list marked = _protect_inputs(tensors)
+        try:
+            rc = pyggml_try_sched_alloc_graph(&g, alloc.ptr, graph.ptr, &ok)
+        finally:
+            _unprotect(marked)
+        if not rc:
+            # the scheduler stopped midway: leak it (its state is unknown), let its backends go
+            _after_failure(alloc, before, graph)
+            alloc.ptr = NULL
+            for b in self.backends:
+                b._users -= 1
+            raise_aborted(&g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
+        if not ok:
+            _after_failure(alloc, before, graph)
+            raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers")
+        alloc.record(before, graph._pools)
+        total = history.add(alloc, graph)
+        self._current = alloc
+        return total
+
+    @property
+    def n_splits(self):
+        """The splits of the last allocated graph (runs of nodes on one backend)."""
+        return 0 if self._current is None else ggml_backend_sched_get_n_splits((<_SchedAllocation>self._current).ptr)
+
+    def backend_of(self, Tensor node not None):
+        """backend_of(node) -> Backend or None: the backend the last allocation gave
+        ``node`` (``ggml_backend_sched_get_tensor_backend``); None for a tensor outside
+        the graph it allocated."""
+        node._check()
+        cdef _SchedAllocation cur = self._current
+        if cur is None or <uintptr_t>node.ptr not in cur.members:
+            return None             # ggml would add it to the scheduler's hash set, which fills up
+        cdef ggml_backend_t p = ggml_backend_sched_get_tensor_backend(cur.ptr, node.ptr)
+        for b in self.backends:
+            if (<Backend>b).ptr == p:
+                return b
+        return None
+
+    def graph_compute(self, Graph graph not None, n_threads=None):
+        """graph_compute(graph, n_threads=None): compute ``graph``
+        (``ggml_backend_sched_graph_compute``) with the GIL released, after pyggml's
+        checks; allocates it first unless it is this scheduler's last allocated graph (a
+        graph whose leafs would get fresh memory that way is refused: they would hold no
+        values; allocate it, set them, then compute). ``n_threads``: for the CPU backends
+        (default: each backend's own)."""
+        cdef Backend b
+        for b in self.backends:
+            b._need_open()
+        graph._check()
+        cdef _SchedAllocation cur = self._current
+        if (cur is None or cur.graph is not graph or cur.n_nodes != ggml_graph_n_nodes(graph.ptr)
+                or graph._still_unallocated()):
+            self.alloc_graph(graph)
+            cur = self._current
+            _need_values(cur)
+        cdef int n, most = 1
+        begin_compute(graph, self.backends, "compute")
+        try:
+            keep = graph._hold()
+            for b in self.backends:
+                if b.is_cpu:
+                    n = _need_threads(n_threads if n_threads is not None else b._n_threads)
+                    b._prepare(graph, n)
+                    most = max(most, n)
+                elif graph._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
+                    raise ArgumentError(f"compute: the graph reads positions from tensor values (get_rows, ...), "
+                                        f"which pyggml cannot check in {b.name}'s memory")
+            note_threads(most)
+        except BaseException:
+            graph._busy = False
+            unlock_backends(self.backends)
+            raise
+        compute_locked(graph, _sched_compute_on, cur.ptr, graph._unproven, "ggml_backend_sched_graph_compute",
+                       self.backends, (keep, cur))
+
+
+cdef int _need_values(_SchedAllocation a) except -1:
+    """After graph_compute allocated a graph itself: a leaf it placed holds no value."""
+    cdef size_t i
+    cdef ggml_tensor * t
+    for i in range(a.n_placed):
+        t = a.placed[i].t
+        if t.op == GGML_OP_NONE and t.view_src == NULL:
+            raise ArgumentError(
+                f"compute: the graph was not allocated (or its allocation was released by another alloc_graph), "
+                f"so graph_compute allocated it, and its leaf {t.name.decode(errors='replace')!r} got fresh memory "
+                f"that holds no value: call alloc_graph(graph), set the leafs, then graph_compute")
+    return 0
