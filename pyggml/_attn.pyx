@@ -16,6 +16,7 @@ cimport numpy as cnp
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport Context, Tensor, arg_tensor, arg_tensor_or_none, check_node_named, need_open
+from pyggml._cpu cimport run_interruptibly
 
 import numpy as np
 
@@ -61,11 +62,34 @@ cdef float _need_scale(object scale) except? -1:
     return <float>s
 
 
+cdef struct _AttnRun:
+    pyggml_attn_bwd a
+    int n_threads
+    int rc
+
+
+cdef void _attn_task(void * arg, const int * abort) noexcept nogil:
+    cdef _AttnRun * r = <_AttnRun *>arg
+    r.a.cancel = abort          # Ctrl-C: every thread stops at its next key block
+    r.rc = pyggml_attn_bwd_compute(&r.a, r.n_threads)
+
+
+# problems of at least this many B*H*N*M*D run on a worker thread (about 10 ms and more)
+cdef double _ASYNC_MIN_WORK = 1 << 24
+
+
+cdef class _AttnState:
+    """The kernel's arguments, alive (with the arrays they point into) until it is done."""
+    cdef _AttnRun r
+
+
 def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
     """blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads) -> (dq, dk, dv)
 
     q, d, o: float32 C-contiguous ``(B, H, N, D)``; k, v: ``(B, KVH, M, D)``; lse
-    ``(B, H, N)`` or None (with o). The GIL is released while the kernel runs."""
+    ``(B, H, N)`` or None (with o). The kernel runs on a worker thread, the GIL
+    released: Ctrl-C raises KeyboardInterrupt within 50 ms, and the kernel's threads stop
+    at their next key block."""
     for name, x in (("q", q), ("k", k), ("v", v), ("d", d)):
         _need_array(x, name, 4)
     _need_flags(masked, grouping)
@@ -91,25 +115,34 @@ def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
     cdef cnp.ndarray dq = np.empty(q.shape, np.float32)
     cdef cnp.ndarray dk = np.empty(k.shape, np.float32)
     cdef cnp.ndarray dv = np.empty(v.shape, np.float32)
-    cdef pyggml_attn_bwd a
-    memset(&a, 0, sizeof(a))
-    a.D, a.N, a.M, a.H, a.KVH, a.B = D, N, M, H, KVH, B
-    a.scale = sc
-    a.masked = 1 if masked else 0
-    a.grouping = grouping
-    a.q = <const float *>cnp.PyArray_DATA(q)
-    a.k = <const float *>cnp.PyArray_DATA(k)
-    a.v = <const float *>cnp.PyArray_DATA(v)
-    a.d = <const float *>cnp.PyArray_DATA(d)
+    cdef _AttnState state = _AttnState.__new__(_AttnState)
+    memset(&state.r, 0, sizeof(state.r))
+    cdef pyggml_attn_bwd * ap = &state.r.a
+    ap.D, ap.N, ap.M, ap.H, ap.KVH, ap.B = D, N, M, H, KVH, B
+    ap.scale = sc
+    ap.masked = 1 if masked else 0
+    ap.grouping = grouping
+    ap.q = <const float *>cnp.PyArray_DATA(q)
+    ap.k = <const float *>cnp.PyArray_DATA(k)
+    ap.v = <const float *>cnp.PyArray_DATA(v)
+    ap.d = <const float *>cnp.PyArray_DATA(d)
     if lse is not None:
-        a.lse = <const float *>cnp.PyArray_DATA(lse)
-        a.o = <const float *>cnp.PyArray_DATA(o)
-    a.dq = <float *>cnp.PyArray_DATA(dq)
-    a.dk = <float *>cnp.PyArray_DATA(dk)
-    a.dv = <float *>cnp.PyArray_DATA(dv)
-    cdef int rc
-    with nogil:
-        rc = pyggml_attn_bwd_compute(&a, nth)
+        ap.lse = <const float *>cnp.PyArray_DATA(lse)
+        ap.o = <const float *>cnp.PyArray_DATA(o)
+    ap.dq = <float *>cnp.PyArray_DATA(dq)
+    ap.dk = <float *>cnp.PyArray_DATA(dk)
+    ap.dv = <float *>cnp.PyArray_DATA(dv)
+    state.r.n_threads = nth
+    cdef pyggml_async spec
+    if <double>B * H * N * M * D < _ASYNC_MIN_WORK:
+        with nogil:                      # a millisecond or less: no worker thread
+            _attn_task(&state.r, NULL)
+    else:
+        memset(&spec, 0, sizeof(spec))
+        spec.task = _attn_task
+        spec.task_arg = &state.r
+        run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (state, q, k, v, d, lse, o, dq, dk, dv), None)
+    cdef int rc = state.r.rc
     if rc == 2:
         raise MemoryError("blocked attention backward: no memory for its scratch")
     if rc == 3:

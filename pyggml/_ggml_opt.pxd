@@ -110,4 +110,4 @@ cdef extern from "pyggml_rt.h" nogil:
         int64_t idata_split
         ggml_opt_epoch_callback callback
         int exception
-    void pyggml_opt_epoch_nothrow(void * arg) noexcept
+    void pyggml_opt_epoch_nothrow(void * arg, const int * abort) noexcept

@@ -65,7 +65,7 @@ cdef extern from "pyggml_rt.h" nogil:
         ggml_cplan * plan
         ggml_status (*compute)(ggml_cgraph * graph, void * arg) noexcept nogil
         void * compute_arg
-        void (*task)(void * arg) noexcept nogil
+        void (*task)(void * arg, const int * abort) noexcept nogil
         void * task_arg
         int checked
         int check_rc
@@ -98,6 +98,7 @@ cdef extern from "attn_blocked.h" nogil:
         float * dq
         float * dk
         float * dv
+        const int * cancel
     int pyggml_attn_bwd_compute(const pyggml_attn_bwd * a, int n_threads)
     int pyggml_attn_bwd_set_isa(int force)
 

@@ -476,11 +476,18 @@ def interrupted(call):
 """
 
 
-@pytest.mark.parametrize("entry", ["backend", "scheduler", "optimizer"])
+@pytest.mark.parametrize("entry", ["backend", "scheduler", "optimizer", "attention"])
 def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
     out = run_isolated(prelude=CTRL_C + OPT_MODEL, code=f"""
         be = pyggml.Backend("CPU", n_threads=1)
-        if {entry!r} == "optimizer":
+        if {entry!r} == "attention":
+            q, k, v, d = (f32(1, 8, 2048, 128, seed=i) for i in range(4))
+            call = lambda: pyggml.attention_backward(q, k, v, d, n_threads=1)
+            small = [x[:, :1, :64] for x in (q, k, v, d)]
+            want = pyggml.attention_backward(*small, n_threads=1)
+            again = lambda: [np.testing.assert_array_equal(a, b)
+                             for a, b in zip(pyggml.attention_backward(*small, n_threads=1), want)]
+        elif {entry!r} == "optimizer":
             n = 512
             weights = pyggml.Context(1 << 20, no_alloc=True)
             w = weights.new_tensor(Type.F32, (n, n)); pyggml.set_param(w)

@@ -224,7 +224,7 @@ static void * async_main(void * p) {
     pyggml_async * a = p;
     int status = GGML_STATUS_SUCCESS;
     if (a->task != NULL) {
-        a->task(a->task_arg);
+        a->task(a->task_arg, &a->abort);
     } else if (a->compute != NULL) {
         if (a->checked) {
             a->check_rc = pyggml_compute_checked_with(a->graph, a->compute, a->compute_arg, a->check_msg,

@@ -706,6 +706,10 @@ static void pad_rows(float *dst, const float *src, i64 n, i64 D, i64 Dp) {
     }
 }
 
+static inline int cancelled(const pyggml_attn_bwd *a) {
+    return a->cancel != NULL && __atomic_load_n(a->cancel, __ATOMIC_RELAXED) != 0;
+}
+
 /* Backward of query head (b, h) against the kv head prepared in tw.  dK/dV of the head are
  * written to dkd/dvd ([M][D]) when add == 0, added to them when add != 0. */
 static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
@@ -747,6 +751,7 @@ static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
                 l[r] = 0.0f;
             }
             const i64 jend = masked ? imin(M, off + i0 + br) : M;
+            if (cancelled(a)) return;
             for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
                 const i64 bc = imin(PGAB_BC, M - j0);
                 const i64 diag = off + i0 - j0;
@@ -764,6 +769,7 @@ static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
 
     /* 2. backward sweep: key blocks outer, query blocks inner */
     for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) {
+        if (cancelled(a)) return;
         const i64 bc = imin(PGAB_BC, M - j0);
         memset(dka, 0, (size_t)(bc * Dp) * sizeof(float));
         memset(dva, 0, (size_t)(bc * Dp) * sizeof(float));

@@ -34,6 +34,8 @@ typedef struct {
     const float *lse;             /* optional [B][H][N]: log(sum_j exp(scale*q_i.k_j)) over unmasked j (natural log), or NULL */
     const float *o;               /* optional [B][H][N][D]: forward output O (needed with lse to skip the recompute), or NULL */
     float *dq, *dk, *dv;          /* outputs, C-contiguous like q, k, v; fully overwritten */
+    const int *cancel;            /* optional: polled once per key block; non-zero stops every thread soon
+                                     (the outputs are then incomplete), NULL never */
 } pyggml_attn_bwd;
 /* Preconditions (not checked by _run; _compute checks them and returns 1):
  *   D, N, M, H, KVH, B >= 1;  H % KVH == 0;  M >= N when masked;  outputs do not alias inputs.

@@ -73,7 +73,8 @@ ggml_opt_context_t pyggml_opt_init_nothrow(struct ggml_opt_params params) {
     return guarded([&] { return ggml_opt_init(params); }, (ggml_opt_context_t) NULL);
 }
 
-void pyggml_opt_epoch_nothrow(void * arg) {
+void pyggml_opt_epoch_nothrow(void * arg, const int * abort) {
+    (void) abort;       /* an epoch stops through its CPU backends' abort callbacks */
     pyggml_epoch * e = (pyggml_epoch *) arg;
     e->exception = guarded([&] {
         ggml_opt_epoch(e->opt, e->dataset, e->result_train, e->result_eval, e->idata_split, e->callback,

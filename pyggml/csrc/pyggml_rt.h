@@ -91,7 +91,8 @@ PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * 
  * on_done(on_done_arg, cleanup), cleanup = 1 when the clean-up is its own: a caller that
  * waited to the end always cleans up itself, so the worker takes no GIL then. The struct
  * must live until on_done.
- * What the worker runs: task(task_arg) when task is set (an epoch of ggml-opt); else
+ * What the worker runs: task(task_arg, &abort) when task is set (an epoch of ggml-opt, the
+ * blocked attention kernel, which polls abort); else
  * compute(graph, compute_arg) when compute is set (a backend's or a scheduler's graph
  * compute: whoever starts it points the CPU backends' abort callback at
  * pyggml_async_aborted); else ggml_graph_compute(graph, plan). */
@@ -101,7 +102,7 @@ typedef struct pyggml_async {
     struct ggml_cplan * plan;
     enum ggml_status (*compute)(struct ggml_cgraph * graph, void * arg);
     void * compute_arg;
-    void (*task)(void * arg);
+    void (*task)(void * arg, const int * abort);   /* abort: non-zero once the caller gave up */
     void * task_arg;
     int checked;            /* compute through pyggml_compute_checked (index ops) */
     int check_rc;           /* its result */
@@ -286,7 +287,7 @@ typedef struct pyggml_epoch {
     ggml_opt_epoch_callback callback;
     int exception;
 } pyggml_epoch;
-PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg);
+PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg, const int * abort);
 
 #ifdef __cplusplus
 }
