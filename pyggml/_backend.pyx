@@ -19,6 +19,7 @@ backend); ``close()`` refuses while a compute, a Scheduler or an Optimizer uses 
 cimport cython
 
 import threading
+import weakref
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset

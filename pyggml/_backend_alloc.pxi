@@ -4,6 +4,7 @@
 
 
 @cython.final
+@cython.no_gc_clear
 cdef class _BufferAllocation(Allocation):
     """The buffer of one ``alloc_ctx_tensors``."""
     cdef ggml_backend_buffer_t buf
@@ -16,6 +17,7 @@ cdef class _BufferAllocation(Allocation):
 
 
 @cython.final
+@cython.no_gc_clear
 cdef class _Gallocation(Allocation):
     """One ggml_gallocr and the buffers it allocated."""
     cdef ggml_gallocr_t ptr
@@ -28,11 +30,12 @@ cdef class _Gallocation(Allocation):
 
 
 @cython.final
+@cython.no_gc_clear    # its dealloc gives its backends back
 cdef class _SchedAllocation(Allocation):
     """One ggml_backend_sched that allocated a graph, and the backends it uses."""
     cdef ggml_backend_sched_t ptr
     cdef tuple backends
-    cdef Graph graph
+    cdef object graph           # a weak reference: the graph's contexts hold this allocation
     cdef int n_nodes
     cdef set members            # the addresses of the graph's tensors when it was allocated
 
@@ -236,6 +239,7 @@ cdef ggml_status _sched_compute_on(ggml_cgraph * graph, void * sched) noexcept n
 
 
 @cython.final
+@cython.no_gc_clear    # its dealloc gives its backends back
 cdef class Scheduler:
     """Scheduler(backends, graph_size=2048)
 
@@ -315,7 +319,7 @@ cdef class Scheduler:
         cdef _SchedAllocation alloc = _SchedAllocation.__new__(_SchedAllocation)
         alloc.ptr = _sched_new(self.backends, size)
         alloc.backends = self.backends
-        alloc.graph = graph
+        alloc.graph = weakref.ref(graph)
         alloc.n_nodes = n_nodes
         alloc.members = set(tensors)
         cdef pyggml_guard g
@@ -372,7 +376,7 @@ cdef class Scheduler:
             b._need_open()
         graph._check()
         cdef _SchedAllocation cur = self._current
-        if (cur is None or cur.graph is not graph or cur.n_nodes != ggml_graph_n_nodes(graph.ptr)
+        if (cur is None or cur.graph() is not graph or cur.n_nodes != ggml_graph_n_nodes(graph.ptr)
                 or graph._still_unallocated()):
             self.alloc_graph(graph)
             cur = self._current

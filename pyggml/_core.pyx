@@ -245,6 +245,7 @@ cdef uint64_t placement_epoch():
     return _placement_epoch
 
 
+@cython.no_gc_clear    # its dealloc clears tensors in the pools it holds: they must still be there
 cdef class Allocation:
     """Backend memory pyggml obtained from ggml (the buffer of ``alloc_ctx_tensors``, a
     graph allocator's or a scheduler's buffers) and the tensors ggml placed in it.

@@ -39,6 +39,7 @@ cdef class Graph:
     cdef int _index_ops       # nodes that read positions from a tensor's values (get_rows, ...)
     cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
+    cdef object __weakref__   # a scheduler's allocation refers to its graph weakly
 
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1

@@ -274,10 +274,10 @@ def test_backend_of_a_tensor_outside_the_allocated_graph_is_none_every_time():
         ctx = pyggml.Context(64 << 20, no_alloc=True)
         a, b, r, g = add_graph(ctx)
         sched.alloc_graph(g)
-        outside = [ctx.new_tensor(Type.F32, (4,)) for _ in range(5000)]
+        outside = [ctx.new_tensor(Type.F32, (4,)) for _ in range(20000)]   # ggml aborted at about 5,000
         print(sum(sched.backend_of(t) is None for t in outside), sched.backend_of(r) is be)
     """)
-    assert out == ["5000", "True"]
+    assert out == ["20000", "True"]
 
 
 # --- 7, 10. the optimizer: callbacks that close, re-enter, or compute ---------------------------
