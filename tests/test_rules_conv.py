@@ -61,6 +61,25 @@ def compute_unchecked(build):
         return compute(ctx, build(ctx))
 
 
+def _compute_on(cpu, ctx, t, inputs, no_alloc):
+    """t's values: a no_alloc context's tensors in a CPU backend buffer (graph_compute),
+    a pool context's computed in place (Graph.compute)"""
+    if no_alloc:
+        cpu.alloc_ctx_tensors(ctx)
+        for x, v in inputs.items():
+            x.set(np.asarray(v, F32))
+    else:
+        for x, v in inputs.items():
+            x.numpy()[...] = np.asarray(v, F32)
+    g = pyggml.Graph(ctx, 64)
+    g.build_forward_expand(t)
+    if no_alloc:
+        cpu.graph_compute(g)
+        return np.asarray(t.get(), np.float64)
+    g.compute(1)
+    return read(t)
+
+
 def stored(x, dtype=F32):
     return np.asarray(x).astype(dtype).astype(np.float64)
 
@@ -350,8 +369,10 @@ def test_conv_transpose_1d_types_and_layout():
 
 
 def test_conv_transpose_1d_negative_stride_writes_before_the_result():
-    refused(_ct1(s0=-1), pyggml.KernelPreconditionError, "s0 = -1 must be >= 0")
-    # (L-1)*s0 + K = 5*-1 + 4 < 0 would not even allocate: a longer kernel
+    # (L-1)*s0 + K = 5*-1 + 4 < 0: a negative result size, refused before the op's rule
+    refused(_ct1(s0=-1), pyggml.KernelPreconditionError,
+            r"CONV_TRANSPOSE_1D result has ne\[0\] = -1: a dimension cannot be negative")
+    # a longer kernel: a result of positive size
     build = _ct1(a=lambda ctx: rand(ctx, (2, 3, 12)), s0=-1)
     refused(build, pyggml.KernelPreconditionError, "s0 = -1 must be >= 0")
     assert kernel_verdict(build) == "out-of-bounds"
@@ -533,6 +554,61 @@ def test_upscale_antialias_with_aligned_corners_is_an_upstream_defect():
         np.testing.assert_allclose(got.ravel(), C._ref_interpolate(stored(x), 3, 1, 1, 1, 1 | AA).ravel(), atol=1e-6)
 
 
+_RESIZE_BAD = [
+    ("upscale_ext", lambda ctx, a: pyggml.upscale_ext(ctx, a, -4, 3, 1, 1, 0),
+     r"UPSCALE result has ne\[0\] = -4: a dimension cannot be negative"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 4, 3, -2, 1, 0),
+     r"UPSCALE result has ne\[2\] = -2: a dimension cannot be negative"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 2**40, 2**40, 1, 1, 0),      # 2**80 elements
+     r"UPSCALE result has more elements than int64 holds \(ne\[1\] = 1099511627776"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 2**31, 2**31, 1, 1, 1),      # 2**64 bytes
+     r"UPSCALE result takes more bytes than int64 holds \(f32, ne\[1\] = 2147483648"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 4, 2**63 - 1, 1, 1, 0),
+     r"UPSCALE result has more elements than int64 holds \(ne\[1\] = 9223372036854775807"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:ggml_upscale_ext is deprecated")
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("name, build, match", _RESIZE_BAD, ids=[f"{c[0]}-{i}" for i, c in enumerate(_RESIZE_BAD)])
+def test_upscale_result_size_is_checked_in_any_context(name, build, match, no_alloc):
+    """a negative ne, or one whose element or byte count wraps int64 (the kernel then loops
+    over a tensor of 0 bytes), was built in a no_alloc context; a pool context refused it
+    only as a context too small for 2**63 bytes"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (4, 3))
+        with pytest.raises(pyggml.KernelPreconditionError, match=rf"{name}: UPSCALE node refused: the {match}") as e:
+            build(ctx, a)
+        assert not isinstance(e.value, pyggml.UpstreamDefect)
+
+
+@pytest.mark.filterwarnings("ignore:ggml_upscale_ext is deprecated")
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_nearby_resizes_still_build_and_compute(no_alloc):
+    xv = vals((3, 4))
+    for name, ne, mode in (("upscale_ext", (8, 6, 1, 1), 0), ("interpolate", (6, 3, 1, 1), 1),
+                           ("interpolate", (2, 3, 1, 1), 0 | ALIGN)):
+        want = C._ref_interpolate(stored(xv), *ne, mode)
+        with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+            a = ctx.new_tensor(Type.F32, (4, 3))
+            t = getattr(pyggml, name)(ctx, a, *ne, mode)
+            got = _compute_on(cpu, ctx, t, {a: xv}, no_alloc)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_interpolate_to_2_63_rows_returns_at_once(no_alloc):
+    """the issue's pathological case: ne1 = 2**63 - 1 never returned (the loop over its
+    indices), and Ctrl-C could not stop it; now the shape check refuses it first"""
+    import time
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (1, 3))
+        t0 = time.monotonic()
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"more bytes than int64 holds"):
+            pyggml.interpolate(ctx, a, 1, 2**63 - 1, 1, 1, 0)
+        assert time.monotonic() - t0 < 2.0
+
+
 # --- TIMESTEP_EMBEDDING ------------------------------------------------------------------------------
 
 def test_timestep_embedding_types_and_layout():
@@ -550,6 +626,22 @@ def test_timestep_embedding_max_period(period):
         return pyggml.timestep_embedding(ctx, ctx.from_numpy(np.array([1.0, 2.0], F32)), 6, period)
     refused(build, pyggml.KernelPreconditionError, f"max_period = {period} must be > 0")
     assert np.isnan(compute_unchecked(build)).any()
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_timestep_embedding_negative_dim(no_alloc):
+    """ggml_timestep_embedding makes [dim, N] unchecked: dim = -8 was a result of ne0 = -8"""
+    ts = np.array([1.0, 2.0, 30.0], F32)
+    with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (3,))
+        with pytest.raises(pyggml.KernelPreconditionError,
+                           match=r"timestep_embedding: TIMESTEP_EMBEDDING node refused: the TIMESTEP_EMBEDDING "
+                                 r"result has ne\[0\] = -8: a dimension cannot be negative"):
+            pyggml.timestep_embedding(ctx, a, -8, 10000)
+        t = pyggml.timestep_embedding(ctx, a, 8, 10000)            # nearby: dim = 8
+        got = _compute_on(cpu, ctx, t, {a: ts}, no_alloc)
+    want = C._ref_timestep_embedding(ts.astype(np.float64), 8, 10000)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
 
 
 # --- composite builders: defects no kernel rule can see ------------------------------------------
