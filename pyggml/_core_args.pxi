@@ -82,6 +82,17 @@ cdef size_t arg_size_i32(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF:
     return v
 
 
+cdef int64_t arg_int64_i32(object v, str arg, str op) except? -1:
+    """An int64_t parameter the builder stores in an int32 op param ((int32_t) K in
+    ggml_gated_delta_net, IC in ggml_im2col_3d) while it sizes the result with the full
+    value: a larger one would wrap silently, and the kernel read another count."""
+    v = index_arg(v, arg, op)
+    if not -2147483648 <= v <= 2147483647:
+        raise ArgumentError(f"{_where(op)}{arg} must be in [-2**31, 2**31 - 1] (ggml keeps it in an int32 op "
+                            f"param), got {v}")
+    return v
+
+
 cdef float arg_float(object v, str arg, str op) except? -1.0:
     if type(v) is float:
         return v

@@ -176,6 +176,31 @@ def test_im2col_3d_types_and_layout():
     assert kernel_verdict(_im2col_3d(bt)) == "abort"
 
 
+@pytest.mark.parametrize("op", ["im2col_3d", "conv_3d"])
+@pytest.mark.parametrize("ic", [2**31, 2**32 + 2, -2**31 - 1])
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_im2col_3d_channel_count_must_fit_its_int32_op_param(op, ic, no_alloc):
+    """ggml_im2col_3d sizes its result with the int64 IC and keeps (int32_t) IC for the
+    kernel: 2**32 + 2 would be read as 2 channels of a result sized for 2**32 + 2"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        k, x = ctx.new_tensor(Type.F32, (2, 2, 2, 2)), ctx.new_tensor(Type.F32, (4, 4, 3, 2))
+        args = (ic, 1, 1, 1, 0, 0, 0, 1, 1, 1) + ((Type.F32,) if op == "im2col_3d" else ())
+        with pytest.raises(pyggml.ArgumentError, match=rf"{op}: IC must be in \[-2\*\*31, 2\*\*31 - 1\] "
+                                                        rf"\(ggml keeps it in an int32 op param\), got {ic}"):
+            getattr(pyggml, op)(ctx, k, x, *args)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_im2col_3d_a_channel_count_that_fits_still_computes(no_alloc):
+    xv, kv = vals((2, 3, 4, 4)), vals((2, 2, 2, 2), 1)
+    want = C._ref_im2col_3d(stored(kv), stored(xv), 2, 1, 1, 1, 0, 0, 0, 1, 1, 1, Type.F32)
+    with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        k, x = ctx.new_tensor(Type.F32, (2, 2, 2, 2)), ctx.new_tensor(Type.F32, (4, 4, 3, 2))
+        t = pyggml.im2col_3d(ctx, k, x, 2, 1, 1, 1, 0, 0, 0, 1, 1, 1, Type.F32)
+        got = _compute_on(cpu, ctx, t, {k: kv, x: xv}, no_alloc)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+
+
 # --- COL2IM_1D ---------------------------------------------------------------------------------------
 
 def test_col2im_1d_rule_mirrors_the_builders_asserts():

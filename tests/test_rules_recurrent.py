@@ -395,6 +395,35 @@ def test_gated_delta_net_g_beta_must_match_v(which, shape):
     assert kernel_verdict(build) == "out-of-bounds"
 
 
+@pytest.mark.parametrize("K", [2**31, 2**32 + 1, -2**31 - 1])
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_gated_delta_net_K_must_fit_its_int32_op_param(K, no_alloc):
+    """ggml_gated_delta_net sizes the result with the int64 K and stores (int32_t) K for
+    the kernel: 2**32 + 1 would run as K = 1 over a result sized for 2**32 + 1 snapshots,
+    2**31 as K = -2**31 (the kernel's GGML_ASSERT(K >= 1), outside any guard)"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        q, k, v = (ctx.new_tensor(Type.F32, (8, 2, 3, 1)) for _ in range(3))
+        g, beta = ctx.new_tensor(Type.F32, (1, 2, 3, 1)), ctx.new_tensor(Type.F32, (1, 2, 3, 1))
+        state = ctx.new_tensor(Type.F32, (8, 8, 2, 1))
+        with pytest.raises(pyggml.ArgumentError, match=rf"gated_delta_net: K must be in \[-2\*\*31, 2\*\*31 - 1\] "
+                                                       rf"\(ggml keeps it in an int32 op param\), got {K}"):
+            pyggml.gated_delta_net(ctx, q, k, v, g, beta, state, K)
+
+
+def test_gated_delta_net_a_K_that_fits_still_computes():
+    """nearby: K = 3 snapshots over 3 tokens, against the reference"""
+    build = _gdn(T=3, K=3)
+    with pyggml.Context(32 << 20) as ctx:
+        t = build(ctx)
+        srcs = [read(s).reshape(tuple(reversed(s.ne))) for s in t.src[:6]]
+        g = pyggml.Graph(ctx, 16)
+        g.build_forward_expand(t)
+        g.compute(1)
+        out = read(t)
+    want = R._ref_gated_delta_net(*srcs, 3)
+    np.testing.assert_allclose(out.reshape(-1), np.asarray(want).reshape(-1), rtol=1e-4, atol=1e-5)
+
+
 # --- LIGHTNING_INDEXER ------------------------------------------------------------------
 
 
