@@ -93,6 +93,7 @@ cdef int64_t arg_int64(object v, str arg, str op) except? -1
 cdef uint32_t arg_uint32(object v, str arg, str op) except? 0xFFFFFFFF
 cdef size_t arg_size(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF
 cdef size_t arg_size_i32(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF
+cdef int64_t arg_int64_i32(object v, str arg, str op) except? -1
 cdef float arg_float(object v, str arg, str op) except? -1.0
 cdef int arg_bool(object v, str arg, str op) except -1
 cdef int arg_enum(object v, object enum_class, str arg, str op) except? -1

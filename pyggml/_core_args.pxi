@@ -82,6 +82,17 @@ cdef size_t arg_size_i32(object v, str arg, str op) except? 0xFFFFFFFFFFFFFFFF:
     return v
 
 
+cdef int64_t arg_int64_i32(object v, str arg, str op) except? -1:
+    """An int64_t parameter the builder stores in an int32 op param ((int32_t) K in
+    ggml_gated_delta_net, IC in ggml_im2col_3d) while it sizes the result with the full
+    value: a larger one would wrap silently, and the kernel read another count."""
+    v = index_arg(v, arg, op)
+    if not -2147483648 <= v <= 2147483647:
+        raise ArgumentError(f"{_where(op)}{arg} must be in [-2**31, 2**31 - 1] (ggml keeps it in an int32 op "
+                            f"param), got {v}")
+    return v
+
+
 cdef float arg_float(object v, str arg, str op) except? -1.0:
     if type(v) is float:
         return v
@@ -182,7 +193,11 @@ cdef int64_t _data_nbytes(ggml_type typ, const int64_t * ne) except -1:
     cdef int64_t blck = ggml_blck_size(typ)
     if ne[0] % blck != 0:
         raise ArgumentError(f"ne[0]={ne[0]} must be a multiple of the block size {blck} of type {Type(typ).name}")
-    cdef int64_t total = (ne[0] // blck) * <int64_t>ggml_type_size(typ)
+    cdef int64_t ts = <int64_t>ggml_type_size(typ)
+    if ne[0] // blck > (_INT64_MAX >> 1) // ts:      # a row alone: 2**62 floats wrapped to 0 bytes
+        raise ArgumentError(f"a tensor of type {Type(typ).name} with ne=({ne[0]}, {ne[1]}, {ne[2]}, {ne[3]}) "
+                            f"would need more bytes than a context can hold")
+    cdef int64_t total = (ne[0] // blck) * ts
     cdef int i
     for i in range(1, 4):
         if ne[i] != 0 and total > (_INT64_MAX >> 1) // ne[i]:

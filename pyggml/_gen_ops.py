@@ -388,6 +388,8 @@ def gen_wrapper(op: Op, version: str) -> str:
             ct, cyt, _, conv = SCALARS[p.ctype]
             if p.ctype == "size_t" and "i32params" in op.flags:
                 conv = "_c.arg_size_i32"     # the builder keeps it in an int32 op param
+            elif p.ctype == "int64_t" and "i32params" in op.flags:
+                conv = "_c.arg_int64_i32"    # the same, for an int64_t count (K, IC)
             out.append(f"    cdef {cyt} c_{p.name} = {conv}({n}, {q}, {op.name!r})")
     if "deprecated" in op.flags:
         out.append(f"    _c.deprecated({op.name!r})")

@@ -424,7 +424,9 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_upscale_f32: the nearest index is (int)(i0/sf0) with sf0 "
               "a float32 ratio (resizing 14 -> 2 picks pixel 6 for 7); dims 2 and 3 in every mode, dims 0 and 1 "
               "in NEAREST",
-        action="refused with UpstreamDefect for the sizes where the float32 index differs from the exact one",
+        action="refused with UpstreamDefect for the sizes where the float32 index differs from the exact one "
+               "(found in bounded time: rules_conv.c); conservatively also for an axis past 2**23 positions "
+               "that pyggml cannot settle in bounded time (the refusal says so)",
         seen_in=("0.20.2",),
     ),
     Defect(
@@ -433,7 +435,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("UPSCALE",),
         where="ggml-cpu/ops.cpp ggml_compute_forward_upscale_f32: the window end is cut at (int64)(x + support) "
               "with pixel offset 0, which drops a tap of positive weight ([0, 1] -> 3 gives [0, 0, 1])",
-        action="refused with UpstreamDefect where a tap is dropped",
+        action="refused with UpstreamDefect where a tap is dropped; conservatively also for an axis past "
+               "2**17 positions its bounded probes do not settle (the refusal says so)",
         seen_in=("0.20.2",),
     ),
     Defect(

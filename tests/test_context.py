@@ -134,6 +134,17 @@ def test_huge_tensor_is_refused_before_c():
             ctx.new_tensor(Type.F32, (1 << 20, 1 << 20))
 
 
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("typ, n", [(Type.F32, 1 << 62), (Type.F64, 1 << 61), (Type.F32, (1 << 61) + 1)])
+def test_a_single_row_past_int64_bytes_is_refused(typ, n, no_alloc):
+    """2**62 floats in ne[0] alone wrapped the byte count to 0: a tensor of 2**62 elements
+    and no data, in a pool context as in a no_alloc one"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        with pytest.raises(pyggml.ArgumentError, match="more bytes than a context can hold"):
+            ctx.new_tensor(typ, (n,))
+        assert ctx.new_tensor(typ, (n // 8 if no_alloc else 16,)).ne[0] == (n // 8 if no_alloc else 16)
+
+
 def test_repr():
     ctx = pyggml.Context(1 << 20)
     assert "used=0" in repr(ctx)

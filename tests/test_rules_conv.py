@@ -61,6 +61,25 @@ def compute_unchecked(build):
         return compute(ctx, build(ctx))
 
 
+def _compute_on(cpu, ctx, t, inputs, no_alloc):
+    """t's values: a no_alloc context's tensors in a CPU backend buffer (graph_compute),
+    a pool context's computed in place (Graph.compute)"""
+    if no_alloc:
+        cpu.alloc_ctx_tensors(ctx)
+        for x, v in inputs.items():
+            x.set(np.asarray(v, F32))
+    else:
+        for x, v in inputs.items():
+            x.numpy()[...] = np.asarray(v, F32)
+    g = pyggml.Graph(ctx, 64)
+    g.build_forward_expand(t)
+    if no_alloc:
+        cpu.graph_compute(g)
+        return np.asarray(t.get(), np.float64)
+    g.compute(1)
+    return read(t)
+
+
 def stored(x, dtype=F32):
     return np.asarray(x).astype(dtype).astype(np.float64)
 
@@ -155,6 +174,31 @@ def test_im2col_3d_types_and_layout():
     bt = lambda ctx: pyggml.transpose(ctx, rand(ctx, (2, 3, 4, 4)))  # noqa: E731
     refused(_im2col_3d(bt), pyggml.KernelPreconditionError, "the data .src1. must have contiguous rows")
     assert kernel_verdict(_im2col_3d(bt)) == "abort"
+
+
+@pytest.mark.parametrize("op", ["im2col_3d", "conv_3d"])
+@pytest.mark.parametrize("ic", [2**31, 2**32 + 2, -2**31 - 1])
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_im2col_3d_channel_count_must_fit_its_int32_op_param(op, ic, no_alloc):
+    """ggml_im2col_3d sizes its result with the int64 IC and keeps (int32_t) IC for the
+    kernel: 2**32 + 2 would be read as 2 channels of a result sized for 2**32 + 2"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        k, x = ctx.new_tensor(Type.F32, (2, 2, 2, 2)), ctx.new_tensor(Type.F32, (4, 4, 3, 2))
+        args = (ic, 1, 1, 1, 0, 0, 0, 1, 1, 1) + ((Type.F32,) if op == "im2col_3d" else ())
+        with pytest.raises(pyggml.ArgumentError, match=rf"{op}: IC must be in \[-2\*\*31, 2\*\*31 - 1\] "
+                                                        rf"\(ggml keeps it in an int32 op param\), got {ic}"):
+            getattr(pyggml, op)(ctx, k, x, *args)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_im2col_3d_a_channel_count_that_fits_still_computes(no_alloc):
+    xv, kv = vals((2, 3, 4, 4)), vals((2, 2, 2, 2), 1)
+    want = C._ref_im2col_3d(stored(kv), stored(xv), 2, 1, 1, 1, 0, 0, 0, 1, 1, 1, Type.F32)
+    with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        k, x = ctx.new_tensor(Type.F32, (2, 2, 2, 2)), ctx.new_tensor(Type.F32, (4, 4, 3, 2))
+        t = pyggml.im2col_3d(ctx, k, x, 2, 1, 1, 1, 0, 0, 0, 1, 1, 1, Type.F32)
+        got = _compute_on(cpu, ctx, t, {k: kv, x: xv}, no_alloc)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
 
 
 # --- COL2IM_1D ---------------------------------------------------------------------------------------
@@ -350,8 +394,10 @@ def test_conv_transpose_1d_types_and_layout():
 
 
 def test_conv_transpose_1d_negative_stride_writes_before_the_result():
-    refused(_ct1(s0=-1), pyggml.KernelPreconditionError, "s0 = -1 must be >= 0")
-    # (L-1)*s0 + K = 5*-1 + 4 < 0 would not even allocate: a longer kernel
+    # (L-1)*s0 + K = 5*-1 + 4 < 0: a negative result size, refused before the op's rule
+    refused(_ct1(s0=-1), pyggml.KernelPreconditionError,
+            r"CONV_TRANSPOSE_1D result has ne\[0\] = -1: a dimension cannot be negative")
+    # a longer kernel: a result of positive size
     build = _ct1(a=lambda ctx: rand(ctx, (2, 3, 12)), s0=-1)
     refused(build, pyggml.KernelPreconditionError, "s0 = -1 must be >= 0")
     assert kernel_verdict(build) == "out-of-bounds"
@@ -533,6 +579,234 @@ def test_upscale_antialias_with_aligned_corners_is_an_upstream_defect():
         np.testing.assert_allclose(got.ravel(), C._ref_interpolate(stored(x), 3, 1, 1, 1, 1 | AA).ravel(), atol=1e-6)
 
 
+_RESIZE_BAD = [
+    ("upscale_ext", lambda ctx, a: pyggml.upscale_ext(ctx, a, -4, 3, 1, 1, 0),
+     r"UPSCALE result has ne\[0\] = -4: a dimension cannot be negative"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 4, 3, -2, 1, 0),
+     r"UPSCALE result has ne\[2\] = -2: a dimension cannot be negative"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 2**40, 2**40, 1, 1, 0),      # 2**80 elements
+     r"UPSCALE result has more elements than int64 holds \(ne\[1\] = 1099511627776"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 2**31, 2**31, 1, 1, 1),      # 2**64 bytes
+     r"UPSCALE result takes more bytes than int64 holds \(f32, ne\[1\] = 2147483648"),
+    ("interpolate", lambda ctx, a: pyggml.interpolate(ctx, a, 4, 2**63 - 1, 1, 1, 0),
+     r"UPSCALE result has more elements than int64 holds \(ne\[1\] = 9223372036854775807"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:ggml_upscale_ext is deprecated")
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("name, build, match", _RESIZE_BAD, ids=[f"{c[0]}-{i}" for i, c in enumerate(_RESIZE_BAD)])
+def test_upscale_result_size_is_checked_in_any_context(name, build, match, no_alloc):
+    """a negative ne, or one whose element or byte count wraps int64 (the kernel then loops
+    over a tensor of 0 bytes), was built in a no_alloc context; a pool context refused it
+    only as a context too small for 2**63 bytes"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (4, 3))
+        with pytest.raises(pyggml.KernelPreconditionError, match=rf"{name}: UPSCALE node refused: the {match}") as e:
+            build(ctx, a)
+        assert not isinstance(e.value, pyggml.UpstreamDefect)
+
+
+@pytest.mark.filterwarnings("ignore:ggml_upscale_ext is deprecated")
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_nearby_resizes_still_build_and_compute(no_alloc):
+    xv = vals((3, 4))
+    for name, ne, mode in (("upscale_ext", (8, 6, 1, 1), 0), ("interpolate", (6, 3, 1, 1), 1),
+                           ("interpolate", (2, 3, 1, 1), 0 | ALIGN)):
+        want = C._ref_interpolate(stored(xv), *ne, mode)
+        with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+            a = ctx.new_tensor(Type.F32, (4, 3))
+            t = getattr(pyggml, name)(ctx, a, *ne, mode)
+            got = _compute_on(cpu, ctx, t, {a: xv}, no_alloc)
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_interpolate_to_2_63_rows_returns_at_once(no_alloc):
+    """the issue's pathological case: ne1 = 2**63 - 1 never returned (the loop over its
+    indices), and Ctrl-C could not stop it; now the shape check refuses it first"""
+    import time
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (1, 3))
+        t0 = time.monotonic()
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"more bytes than int64 holds"):
+            pyggml.interpolate(ctx, a, 1, 2**63 - 1, 1, 1, 0)
+        assert time.monotonic() - t0 < 2.0
+
+
+# The nearest-index rule in bounded time. It used to compare the kernel's float32 index
+# with the exact one at every result index, with the GIL held: a resize to 2**30 rows took
+# seconds, one to 2**60 never returned (and Ctrl-C could not stop it).
+
+_HUGE = [
+    # (source ne, result ne, mode, what comes back)
+    ((4, 3), (4, 2**30, 1, 1), 0, r"dim 1 resized 3 -> 1073741824: the kernel maps result index 357913937 to "
+                                  r"source index 1 .* not 0"),
+    ((4, 3), (4, 2**30, 1, 1), ALIGN, r"dim 1 resized 3 -> 1073741824: the kernel maps result index 536870896 "),
+    ((1, 2), (1, 2**60, 1, 1), 0, r"dim 1 resized 2 -> 1152921504606846976: the kernel maps result index "),
+    ((1, 1), (1, 2**60, 1, 1), 0, r"dim 1 resized 1 -> 1152921504606846976: the kernel maps result index \d+ to "
+                                  r"source index 1 .*past the source's last, 0"),
+    ((4, 2**30), (4, 2**30, 1, 1), 0, r"dim 1 resized 1073741824 -> 1073741824: the kernel maps result index "
+                                      r"16777217 to source index 16777216 .* not 16777217"),
+]
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("src, ne, mode, match", _HUGE, ids=[f"huge-{i}" for i in range(len(_HUGE))])
+def test_upscale_nearest_rule_returns_at_once_on_huge_axes(src, ne, mode, match, no_alloc):
+    import time
+    with pyggml.Context(1 << 20, no_alloc=True) as src_ctx, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = src_ctx.new_tensor(Type.F32, src)        # no data: only its shape is read
+        t0 = time.monotonic()
+        with pytest.raises(pyggml.UpstreamDefect, match=match) as e:
+            pyggml.interpolate(ctx, a, *ne, mode)
+        # microseconds now; the loop over every index took 1.8 s for 2**30 rows on the
+        # machine this was written on, and never ended for 2**60
+        assert time.monotonic() - t0 < 0.5
+    assert e.value.defect == "upscale-nearest-index-rounding"
+
+
+def test_upscale_huge_witnesses_are_the_first_wrong_index():
+    """the indices above, by hand: 3 -> 2**30 maps i to floor(3i / 2**30), 0 below
+    2**30/3 = 357913941.33; the kernel's float32 index is nondecreasing, so its first 1 is
+    the first wrong index. 2**30 -> 2**30 (sf = 1): float32 holds every integer up to
+    2**24 and rounds 2**24 + 1 to 2**24."""
+    f = np.float32
+    sf = f(f(2**30) / f(3))
+    assert int(f(357913937) / sf) == 1 and int(f(357913936) / sf) == 0
+    assert 357913937 * 3 // 2**30 == 0
+    sfa = f(f(2**30 - 1) / f(2))                    # align corners: (n-1) / (n_src-1)
+    assert int(f(536870896) / sfa) == 1 and int(f(536870895) / sfa) == 0 and 536870896 * 2 // (2**30 - 1) == 0
+    assert int(f(2**24 + 1) / f(1)) == 2**24
+
+
+def test_upscale_huge_axes_it_cannot_check_are_refused_as_unverified():
+    """both extents above 2**16, one above 2**23, a ratio that is not a power of two, and
+    no wrong index among the first and last 2**16: too large to settle in bounded time"""
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a = ctx.new_tensor(Type.F32, (10860990,))
+        with pytest.raises(pyggml.UpstreamDefect, match=r"dim 0 resized 10860990 -> 3620330: pyggml cannot "
+                                                        r"check in bounded time") as e:
+            pyggml.interpolate(ctx, a, 3620330, 1, 1, 1, 0)
+        assert e.value.defect == "upscale-nearest-index-rounding"
+        # an exact power-of-two ratio of the same size is settled in closed form
+        b = ctx.new_tensor(Type.F32, (4 * 3620330,))
+        assert pyggml.interpolate(ctx, b, 3620330, 1, 1, 1, 0).ne == (3620330, 1, 1, 1)
+
+
+def _first_wrong_nearest(n, n_src, align):
+    """brute force: every result index, float32 as the kernel computes it"""
+    f = np.float32
+    if align and n > 1 and n_src > 1:
+        sf, num, den = f(f(n - 1) / f(n_src - 1)), n_src - 1, n - 1
+    else:
+        sf, num, den = f(f(n) / f(n_src)), n_src, n
+    for lo in range(0, n, 1 << 20):                  # in chunks: most wrong indices come early
+        i = np.arange(lo, min(n, lo + (1 << 20)), dtype=np.int64)
+        bad = np.flatnonzero((i.astype(f) / sf).astype(np.int64) != i * num // den)
+        if bad.size:
+            return lo + int(bad[0])
+    return -1
+
+
+def _rule_first_wrong(n, n_src, align, dim=0):
+    """the index the rule names (dim 0 or 2, a 1-d resize), -1 if it accepts"""
+    ne, src = [1, 1, 1, 1], [1, 1, 1, 1]
+    ne[dim], src[dim] = n, n_src
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a = ctx.new_tensor(Type.F32, tuple(src))
+        try:
+            pyggml.interpolate(ctx, a, *ne, ALIGN if align else 0)
+        except pyggml.UpstreamDefect as e:
+            import re
+            m = re.search(r"maps result index (\d+) ", str(e))
+            assert m, str(e)
+            return int(m.group(1))
+    return -1
+
+
+def _random_axes(rng, count, max_exp):
+    for _ in range(count):
+        n = int(rng.integers(1, 2 ** rng.uniform(0, max_exp) + 2))
+        k = rng.random()
+        if k < 0.15:
+            n_src = n * int(rng.integers(1, 9))
+        elif k < 0.3:
+            n_src = max(1, n // int(rng.integers(1, 9)))
+        elif k < 0.35:
+            n_src = n
+        else:
+            n_src = int(rng.integers(1, 2 ** rng.uniform(0, max_exp) + 2))
+        yield n, min(n_src, 2**23), bool(rng.random() < 0.5)
+
+
+@pytest.mark.parametrize("seed, count, max_exp", [(0, 1500, 12), (1, 400, 17), (2, 60, 22)])
+def test_upscale_nearest_rule_equals_a_brute_force_count(seed, count, max_exp):
+    """the bounded-time rule names the same first wrong index as a float32 brute force over
+    every result index (or accepts exactly where it finds none): random extents up to 2**12,
+    2**17 and 2**22 (the larger ones where the rounding goes wrong between whole indices
+    too), whole and power-of-two ratios among them, corners aligned or not"""
+    rng = np.random.default_rng(seed)
+    wrong = 0
+    for n, n_src, align in _random_axes(rng, count, max_exp):
+        want = _first_wrong_nearest(n, n_src, align)
+        assert _rule_first_wrong(n, n_src, align) == want, (n, n_src, align)
+        wrong += want >= 0
+    assert 0 < wrong < count                      # both sides of the rule were seen
+
+
+@pytest.mark.parametrize("n, n_src, align", [
+    (1000, 2**24 + 12345, False), (65536, 3 * 2**23 + 7, True), (40000, 2**24 + 1, False),   # every index
+    (2**24 + 9, 3, False), (2**24 + 4097, 60000, True), (2**25 + 1, 2, True),               # every run
+])
+def test_upscale_nearest_rule_past_2_23_equals_the_brute_force(n, n_src, align):
+    """axes past float32's exact integers, where the rule checks every index (n <= 2**16)
+    or both ends of every run of equal exact index (at most 2**16 runs)"""
+    assert _rule_first_wrong(n, n_src, align) == _first_wrong_nearest(n, n_src, align)
+
+
+def test_upscale_nearest_rule_on_dims_2_and_3_equals_the_brute_force():
+    """dims 2 and 3 map nearest in every mode, never with aligned corners"""
+    rng = np.random.default_rng(3)
+    for n, n_src, _ in _random_axes(rng, 200, 10):
+        assert _rule_first_wrong(n, n_src, False, dim=2) == _first_wrong_nearest(n, n_src, False)
+
+
+def _first_dropped_tap(n, n_src):
+    """brute force of the antialias + align corners window cut (C._antialias_drops_tap),
+    returning the first result index"""
+    f = np.float32
+    sf = f(f(n - 1) / f(n_src - 1)) if n > 1 and n_src > 1 else f(f(n) / f(n_src))
+    support = max(f(1.0), f(f(1.0) / sf))
+    inv = f(f(1.0) / support)
+    x = np.arange(n, dtype=f) / sf
+    hi = (x + support).astype(np.int64)
+    d = np.abs((hi.astype(f) - x) * inv)
+    bad = np.flatnonzero((hi >= 0) & (hi < n_src) & (f(1.0) - d > 0))
+    return int(bad[0]) if bad.size else -1
+
+
+def test_upscale_antialias_rule_equals_a_brute_force():
+    rng = np.random.default_rng(4)
+    seen = set()
+    extra = [(n, n, False) for n in (1, 2, 200000)] + [(300000, 1, False)]
+    for n, n_src, _ in list(_random_axes(rng, 400, 12)) + extra:
+        want = _first_dropped_tap(n, n_src)
+        if n <= 300:
+            assert C._antialias_drops_tap(n, n_src) == (want >= 0)
+        with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+            a = ctx.new_tensor(Type.F32, (n_src, 2))
+            try:
+                pyggml.interpolate(ctx, a, n, 2, 1, 1, 1 | ALIGN | AA)
+                got = -1
+            except pyggml.UpstreamDefect as e:
+                assert e.defect == "upscale-antialias-align-corners", str(e)
+                got = int(str(e).split("window of result index ")[1].split()[0])
+        assert got == want, (n, n_src)
+        seen.add(got >= 0)
+    assert seen == {True, False}
+
+
 # --- TIMESTEP_EMBEDDING ------------------------------------------------------------------------------
 
 def test_timestep_embedding_types_and_layout():
@@ -550,6 +824,22 @@ def test_timestep_embedding_max_period(period):
         return pyggml.timestep_embedding(ctx, ctx.from_numpy(np.array([1.0, 2.0], F32)), 6, period)
     refused(build, pyggml.KernelPreconditionError, f"max_period = {period} must be > 0")
     assert np.isnan(compute_unchecked(build)).any()
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_timestep_embedding_negative_dim(no_alloc):
+    """ggml_timestep_embedding makes [dim, N] unchecked: dim = -8 was a result of ne0 = -8"""
+    ts = np.array([1.0, 2.0, 30.0], F32)
+    with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (3,))
+        with pytest.raises(pyggml.KernelPreconditionError,
+                           match=r"timestep_embedding: TIMESTEP_EMBEDDING node refused: the TIMESTEP_EMBEDDING "
+                                 r"result has ne\[0\] = -8: a dimension cannot be negative"):
+            pyggml.timestep_embedding(ctx, a, -8, 10000)
+        t = pyggml.timestep_embedding(ctx, a, 8, 10000)            # nearby: dim = 8
+        got = _compute_on(cpu, ctx, t, {a: ts}, no_alloc)
+    want = C._ref_timestep_embedding(ts.astype(np.float64), 8, 10000)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
 
 
 # --- composite builders: defects no kernel rule can see ------------------------------------------

@@ -361,14 +361,96 @@ def test_pad_circular_left_pad_beyond_a_unit_axis_is_fine():
         assert t.numpy().tolist() == [[1.0, 2.0]] * 4
 
 
+# --- results of a negative size: the shape check every node passes -------------------------
+#
+# ggml_pad_ext adds the pads to src0's ne and ggml_repeat_4d takes ne as given, unchecked. A
+# pool context used to refuse such a result only by accident (its byte count wrapped: a
+# ContextFullError for 2**63 bytes); a no_alloc context kept it, with wrapped strides, and a
+# MUL_MAT over it dotted rows of -6 elements (reading before its sources). Refused now in
+# both, before any op rule, naming the op, the dimension and the value.
+
+_NEG = [
+    ("pad", lambda ctx, a: pyggml.pad(ctx, a, 0, -8, 0, 0), 1, -5),
+    ("pad_ext", lambda ctx, a: pyggml.pad_ext(ctx, a, -3, -3, 0, 0, 0, 0, 0, 0), 0, -2),
+    ("pad_circular", lambda ctx, a: pyggml.pad_circular(ctx, a, 0, 0, -2, 0), 2, -1),
+    ("pad_ext_circular", lambda ctx, a: pyggml.pad_ext_circular(ctx, a, 0, 0, 0, 0, 0, 0, -1, -1), 3, -1),
+    ("repeat_4d", lambda ctx, a: pyggml.repeat_4d(ctx, a, 4, -3, 1, 1), 1, -3),
+]
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("name, build, dim, value", _NEG, ids=[c[0] for c in _NEG])
+def test_a_negative_result_size_is_refused_in_any_context(name, build, dim, value, no_alloc):
+    op = "REPEAT" if name == "repeat_4d" else "PAD"
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        a = ctx.new_tensor(Type.F32, (4, 3))
+        used = ctx.used_mem
+        with pytest.raises(pyggml.KernelPreconditionError,
+                           match=rf"{name}: {op} node refused: the {op} result has ne\[{dim}\] = {value}: "
+                                 r"a dimension cannot be negative") as e:
+            build(ctx, a)
+        assert not isinstance(e.value, pyggml.UpstreamDefect)
+        assert ctx.used_mem == used                   # the refused node was never made in ctx
+
+
+def test_a_negative_pad_in_no_alloc_never_reaches_a_mul_mat():
+    """the no_alloc chain of the issue: pad(a, 0, -8) gave ne (64, -5), pad(a, -70) ne
+    (-6, 3), and a MUL_MAT over such a tensor built and computed garbage on every executor
+    (rows of -6 elements, read before its sources)"""
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a = ctx.new_tensor(Type.F32, (64, 3))
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"PAD result has ne\[1\] = -5"):
+            pyggml.pad(ctx, a, 0, -8, 0, 0)
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"PAD result has ne\[0\] = -6"):
+            pyggml.pad(ctx, a, -70, 0, 0, 0)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_nearby_pads_and_repeats_still_build_and_compute(no_alloc):
+    """the good side next to each refusal: pads that shrink an axis to 0 or crop it (a
+    negative pad with a size >= 0), and a repeat to a whole multiple, equal their reference"""
+    from pyggml.opinfo import layout as L
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)          # ne (4, 3)
+    cases = [
+        (lambda ctx, a: pyggml.pad(ctx, a, 0, -3, 0, 0), L._ref_pad(x, 0, -3, 0, 0)),        # ne1 = 0
+        (lambda ctx, a: pyggml.pad_ext(ctx, a, -1, -1, 0, 0, 0, 0, 0, 0),
+         L._ref_pad_ext(x, -1, -1, 0, 0, 0, 0, 0, 0)),                                        # a crop to 2
+        (lambda ctx, a: pyggml.pad_circular(ctx, a, 2, 1, 0, 0), L._ref_pad_circular(x, 2, 1, 0, 0)),
+        (lambda ctx, a: pyggml.repeat_4d(ctx, a, 8, 3, 2, 1), L._ref_repeat_4d(x, 8, 3, 2, 1)),
+    ]
+    for build, want in cases:
+        with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+            a = ctx.new_tensor(Type.F32, (4, 3))
+            t = build(ctx, a)
+            assert int(np.prod(t.ne)) == want.size
+            if no_alloc:
+                cpu.alloc_ctx_tensors(ctx)
+                a.set(x)
+            else:
+                a.numpy()[...] = x
+            g = pyggml.Graph(ctx, 16)
+            g.build_forward_expand(t)
+            if no_alloc:
+                cpu.graph_compute(g)
+                got = t.get()
+            else:
+                g.compute(1)
+                got = t.numpy()
+            np.testing.assert_array_equal(np.asarray(got, np.float64).reshape(want.shape), want)
+
+
 # --- ARANGE ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("args", [(0.0, 1.0, 0.0), (0.0, 1e30, 1e-30)])
 def test_arange_without_a_finite_count(args):
-    refused(lambda ctx: pyggml.arange(ctx, *args), pyggml.KernelPreconditionError, "no finite element count")
-    # rules off: ggml_arange casts inf (or 1e60) to int64: a tensor of ne0 = INT64_MIN,
-    # which the kernel then leaves alone
+    # ggml_arange casts the count inf (or 1e60) to int64: INT64_MIN where the conversion
+    # wraps (x86), INT64_MAX where it saturates; the shape check every node passes first
+    # refuses either before ARANGE's own rule ("no finite element count") sees it
+    refused(lambda ctx: pyggml.arange(ctx, *args), pyggml.KernelPreconditionError,
+            r"ARANGE result (has ne\[0\] = -9223372036854775808: a dimension cannot be negative|"
+            r"takes more bytes than int64 holds)")
+    # rules off: a tensor of ne0 = INT64_MIN, which the kernel then leaves alone
     with rules_disabled(), pyggml.Context(1 << 20) as ctx:
         t = pyggml.arange(ctx, *args)
         assert t.ne[0] < 0

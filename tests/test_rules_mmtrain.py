@@ -533,6 +533,61 @@ def test_im2col_back_refuses_strides_past_the_kernels_int_offsets():
             pyggml.im2col_back(ctx, g, k, [1 << 29, 1, 2, 1], 1, 0, 0, 0, 1, 0, False)
 
 
+_IM2COL_BACK_NE = [
+    ([2**32, 2**32, 2, 1], r"has more elements than int64 holds \(ne\[1\] = 4294967296"),
+    ([2**31, 2**30, 2, 1], r"takes more bytes than int64 holds \(f32, ne\[1\] = 1073741824"),
+    ([4, -4, 2, 1], r"has ne\[1\] = -4: a dimension cannot be negative"),
+]
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+@pytest.mark.parametrize("ne, match", _IM2COL_BACK_NE, ids=["elements", "bytes", "negative"])
+def test_im2col_back_result_shape_is_checked_in_any_context(ne, match, no_alloc):
+    """ggml_im2col_back makes its result of the ne it is given: 2**32 x 2**32 floats wrap
+    to 0 bytes, which a no_alloc context kept (and a backend buffer then gave 0 bytes)"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        g, k = ctx.new_tensor(Type.F32, (8, 2, 2, 1)), ctx.new_tensor(Type.F32, (2, 2, 2, 1))
+        with pytest.raises(KPE, match=rf"im2col_back: IM2COL_BACK node refused: the IM2COL_BACK result {match}"):
+            pyggml.im2col_back(ctx, g, k, ne, 2, 2, 0, 0, 1, 1, True)
+
+
+def test_im2col_back_of_a_wrapped_size_crashes_the_kernel():
+    """the kernel side, rules off: the 2**32 x 2**32 result has 0 bytes in a backend buffer
+    and the kernel writes past them (the guarded proof sees the fault)"""
+    with rules_disabled(), pyggml.Backend("CPU", n_threads=1) as cpu, \
+            pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        g, k = ctx.new_tensor(Type.F32, (8, 2, 2, 1)), ctx.new_tensor(Type.F32, (2, 2, 2, 1))
+        t = pyggml.im2col_back(ctx, g, k, [2**32, 2**32, 2, 1], 2, 2, 0, 0, 1, 1, True)
+        cpu.alloc_ctx_tensors(ctx)
+        gr = pyggml.Graph(ctx, 16)
+        gr.build_forward_expand(t)
+        with pytest.raises((pyggml.GGMLAbort, pyggml.UpstreamDefect), match="signal|out of bounds|past"):
+            cpu.graph_compute(gr)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_im2col_back_of_a_sound_shape_still_computes(no_alloc):
+    gv = rnd((1, 2, 2, 8), 21)
+    want = ref_im2col_back(gv.astype(np.float64), np.zeros((2, 2, 2)), [4, 4, 2, 1], 2, 2, 0, 0, 1, 1, True)
+    with pyggml.Backend("CPU", n_threads=1) as cpu, pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        g, k = ctx.new_tensor(Type.F32, (8, 2, 2, 1)), ctx.new_tensor(Type.F32, (2, 2, 2, 1))
+        t = pyggml.im2col_back(ctx, g, k, [4, 4, 2, 1], 2, 2, 0, 0, 1, 1, True)
+        gr = pyggml.Graph(ctx, 16)
+        gr.build_forward_expand(t)
+        if no_alloc:
+            cpu.alloc_ctx_tensors(ctx)
+            g.set(gv.reshape(g.shape))
+            k.set(np.zeros(k.shape, np.float32))
+            cpu.graph_compute(gr)
+            got = np.asarray(t.get(), np.float64)
+        else:
+            g.numpy()[...] = gv.reshape(g.shape)
+            k.numpy()[...] = 0
+            gr.compute(1)
+            got = read(t)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6)
+
+
 # --- what the rules let through: the backward graphs ggml's autodiff makes ---------------
 
 @pytest.mark.parametrize("forward", ["silu", "soft_max", "rms_norm", "get_rows", "repeat", "rope", "pool_2d",

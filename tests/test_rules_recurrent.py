@@ -175,6 +175,57 @@ def test_ssm_scan_ids_values_are_data_a_rule_cannot_check():
     assert kernel_verdict(_scan(ids=ids)) == "out-of-bounds"
 
 
+@needs_op("ssm_scan")
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_ssm_scan_more_snapshots_than_tokens(no_alloc):
+    """slot k (1 <= k < K) of the K state snapshots is copied after token n_seq_tokens-1-k,
+    its only write: K = 5 over 3 tokens per sequence leaves slots 3 and 4 as the memory
+    was. (The issue says "K greater than the tokens": it is the tokens of each sequence,
+    x->ne[2], not all of them: 2 sequences of 3 tokens hold 6.)"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        s = ctx.new_tensor(Type.F32, (4, 2, 2, 2))
+        x, dt = ctx.new_tensor(Type.F32, (2, 2, 3, 2)), ctx.new_tensor(Type.F32, (2, 3, 2))
+        B, C = ctx.new_tensor(Type.F32, (4, 1, 3, 2)), ctx.new_tensor(Type.F32, (4, 1, 3, 2))
+        A, ids = ctx.new_tensor(Type.F32, (1, 2)), ctx.new_tensor(Type.I32, (2,))
+        with pytest.raises(pyggml.KernelPreconditionError,
+                           match=r"ssm_scan: SSM_SCAN node refused: K = 5 state snapshots need at least K tokens "
+                                 r"per sequence, got n_seq_tokens = 3 \(x->ne\[2\]\).* leaves slots 3\.\.4 "
+                                 r"unwritten") as e:
+            pyggml.ssm_scan(ctx, s, x, dt, A, B, C, ids, 5)
+        assert not isinstance(e.value, pyggml.UpstreamDefect)
+        pyggml.ssm_scan(ctx, s, x, dt, A, B, C, ids, 3)          # K = n_seq_tokens: accepted
+
+
+@needs_op("ssm_scan")
+def test_ssm_scan_unwritten_snapshots_keep_what_the_memory_held():
+    """rules off, the result filled with NaN first: slots 0..2 hold the reference's states,
+    slots 3 and 4 still NaN; K = 3 (nearby, accepted) equals the reference everywhere"""
+    rng = np.random.default_rng(9)
+    sv = rng.standard_normal((2, 2, 2, 4)).astype(F32)
+    xv, dtv = rng.standard_normal((2, 3, 2, 2)).astype(F32), rng.standard_normal((2, 3, 2)).astype(F32)
+    Bv, Cv = rng.standard_normal((2, 3, 1, 4)).astype(F32), rng.standard_normal((2, 3, 1, 4)).astype(F32)
+    Av, idv = -np.ones((2, 1), F32), np.array([1, 0], np.int32)
+
+    def run(K, unchecked):
+        from contextlib import nullcontext
+        with (rules_disabled() if unchecked else nullcontext()), pyggml.Context(1 << 20) as ctx:
+            t = pyggml.ssm_scan(ctx, *(ctx.from_numpy(v) for v in (sv, xv, dtv, Av, Bv, Cv, idv)), K)
+            t.numpy()[...] = np.nan
+            g = pyggml.Graph(ctx, 16)
+            g.build_forward_expand(t)
+            g.compute(1)
+            return read(t)
+
+    f64 = [v.astype(np.float64) for v in (sv, xv, dtv, Av, Bv, Cv)]
+    out = run(5, True)
+    want = R._ref_ssm_scan(*f64, idv, 5)
+    n_y = xv.size
+    snaps = out[n_y:].reshape(5, -1)
+    assert np.isnan(snaps[3:]).all() and not np.isnan(snaps[:3]).any()
+    np.testing.assert_allclose(out[:n_y + 3 * snaps.shape[1]], want[:n_y + 3 * snaps.shape[1]], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(run(3, False), R._ref_ssm_scan(*f64, idv, 3), rtol=1e-4, atol=1e-5)
+
+
 # --- RWKV_WKV6, GATED_LINEAR_ATTN, RWKV_WKV7 ----------------------------------------------
 
 
@@ -342,6 +393,35 @@ def test_gated_delta_net_g_beta_must_match_v(which, shape):
     build = _gdn(S=4, T=8, ns=ns, **{which: shape})
     refused(build, pyggml.KernelPreconditionError, f"{which} .src[34]. must have v's heads, tokens and sequences")
     assert kernel_verdict(build) == "out-of-bounds"
+
+
+@pytest.mark.parametrize("K", [2**31, 2**32 + 1, -2**31 - 1])
+@pytest.mark.parametrize("no_alloc", [False, True], ids=["pool", "no_alloc"])
+def test_gated_delta_net_K_must_fit_its_int32_op_param(K, no_alloc):
+    """ggml_gated_delta_net sizes the result with the int64 K and stores (int32_t) K for
+    the kernel: 2**32 + 1 would run as K = 1 over a result sized for 2**32 + 1 snapshots,
+    2**31 as K = -2**31 (the kernel's GGML_ASSERT(K >= 1), outside any guard)"""
+    with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
+        q, k, v = (ctx.new_tensor(Type.F32, (8, 2, 3, 1)) for _ in range(3))
+        g, beta = ctx.new_tensor(Type.F32, (1, 2, 3, 1)), ctx.new_tensor(Type.F32, (1, 2, 3, 1))
+        state = ctx.new_tensor(Type.F32, (8, 8, 2, 1))
+        with pytest.raises(pyggml.ArgumentError, match=rf"gated_delta_net: K must be in \[-2\*\*31, 2\*\*31 - 1\] "
+                                                       rf"\(ggml keeps it in an int32 op param\), got {K}"):
+            pyggml.gated_delta_net(ctx, q, k, v, g, beta, state, K)
+
+
+def test_gated_delta_net_a_K_that_fits_still_computes():
+    """nearby: K = 3 snapshots over 3 tokens, against the reference"""
+    build = _gdn(T=3, K=3)
+    with pyggml.Context(32 << 20) as ctx:
+        t = build(ctx)
+        srcs = [read(s).reshape(tuple(reversed(s.ne))) for s in t.src[:6]]
+        g = pyggml.Graph(ctx, 16)
+        g.build_forward_expand(t)
+        g.compute(1)
+        out = read(t)
+    want = R._ref_gated_delta_net(*srcs, 3)
+    np.testing.assert_allclose(out.reshape(-1), np.asarray(want).reshape(-1), rtol=1e-4, atol=1e-5)
 
 
 # --- LIGHTNING_INDEXER ------------------------------------------------------------------

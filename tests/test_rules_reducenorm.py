@@ -212,14 +212,15 @@ def test_group_norm_overflowing_groups_leaves_the_result_unwritten():
 
 
 def test_top_k_negative_k():
-    """The builder asserts only k <= ne[0]; the rule refuses k < 0. The kernel side: with
-    the rules off no context can hold the result (its size is negative), so no graph with
-    it can compute."""
+    """The builder asserts only k <= ne[0]: k < 0 makes a result of ne[0] = k, which the
+    shape check every node passes refuses (before TOP_K's own rule, which refuses k < 0
+    too), in a pool and a no_alloc context alike. The kernel side: with the rules off no
+    context can hold the result (its size is negative), so no graph with it can compute."""
     with pyggml.Context(1 << 20) as ctx:
-        with pytest.raises(pyggml.KernelPreconditionError, match=r"k = -1 must be in \[0, 5\]"):
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"TOP_K result has ne\[0\] = -1: a dimension"):
             pyggml.top_k(ctx, ctx.from_numpy(X), -1)
     with pyggml.Context(1 << 16, no_alloc=True) as ctx:
-        with pytest.raises(pyggml.KernelPreconditionError, match=r"k = -1 must be in \[0, 5\]"):
+        with pytest.raises(pyggml.KernelPreconditionError, match=r"TOP_K result has ne\[0\] = -1: a dimension"):
             pyggml.top_k(ctx, ctx.new_tensor(Type.F32, (5, 4, 3, 1)), -1)
     with rules_disabled(), pyggml.Context(1 << 20) as ctx:
         with pytest.raises(pyggml.ContextFullError):

@@ -133,6 +133,104 @@ int pyggml_op_is_checked(int op, int sub_op) {
     return rule_for(op, sub_op) != NULL;
 }
 
+/* --- what every node must be, whatever its op --------------------------------------------- */
+
+/* ggml's builders compute a result's ne from their arguments without checking them (pad:
+ * ne + lp + rp; interpolate, repeat_4d, im2col_back: ne as given; timestep_embedding:
+ * dim), and ggml_new_tensor_impl sizes it in size_t without checking either: a negative ne
+ * or a count past int64 makes a tensor whose byte count wraps (0 bytes for 2**64, a huge
+ * one for -1), which a pool context refuses only by accident (the reservation fails) and a
+ * no_alloc context keeps, for a kernel to loop over or a backend buffer to under-allocate.
+ * Every node passes here before its op's rule, whatever made it (a builder, the backward
+ * pass, a graph) and whether or not its op has a rule; only the switch that turns the
+ * rules off for tests (pyggml_checks_set_enabled) turns this off too. */
+#define PG_I64_MAX ((uint64_t) INT64_MAX)
+
+/* a*b for a, b <= INT64_MAX: 0 when it exceeds INT64_MAX */
+static int mul_fits(uint64_t a, uint64_t b, uint64_t * out) {
+    if (a != 0 && b > PG_I64_MAX / a) {
+        return 0;
+    }
+    *out = a * b;
+    return 1;
+}
+
+#define NE_FMT "ne=(%lld, %lld, %lld, %lld) nb=(%zu, %zu, %zu, %zu)"
+#define NE_ARGS(t) (long long) (t)->ne[0], (long long) (t)->ne[1], (long long) (t)->ne[2], (long long) (t)->ne[3], \
+                   (t)->nb[0], (t)->nb[1], (t)->nb[2], (t)->nb[3]
+
+static int check_shape(const struct ggml_tensor * t, pg_why * why) {
+    const char * op = ggml_op_desc(t);
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (t->ne[i] < 0) {
+            return pg_refuse(why, "the %s result has ne[%d] = %lld: a dimension cannot be negative (" NE_FMT ")",
+                             op, i, (long long) t->ne[i], NE_ARGS(t));
+        }
+    }
+    if (t->type < 0 || t->type >= GGML_TYPE_COUNT || ggml_blck_size(t->type) <= 0) {
+        return pg_refuse_type(why, "the %s result has no valid ggml type (%d)", op, (int) t->type);
+    }
+    uint64_t n = 1;
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (!mul_fits(n, (uint64_t) t->ne[i], &n)) {
+            return pg_refuse(why, "the %s result has more elements than int64 holds (ne[%d] = %lld takes the count "
+                             "past 2**63 - 1; " NE_FMT ")", op, i, (long long) t->ne[i], NE_ARGS(t));
+        }
+    }
+    if (n == 0) {
+        return PYGGML_OK;        /* no data: nothing to size, no kernel runs on it */
+    }
+    /* what ggml_new_tensor_impl allocates: ggml_row_size(type, ne0) * ne1 * ne2 * ne3 (a
+     * partial block counted whole: the view rules refuse rows of part of a block) */
+    const uint64_t blck = (uint64_t) ggml_blck_size(t->type);
+    uint64_t bytes = 0;
+    if (!mul_fits(((uint64_t) t->ne[0] + blck - 1) / blck, ggml_type_size(t->type), &bytes)) {
+        return pg_refuse(why, "the %s result's rows of ne[0] = %lld %s elements take more bytes than int64 holds ("
+                         NE_FMT ")", op, (long long) t->ne[0], ggml_type_name(t->type), NE_ARGS(t));
+    }
+    for (int i = 1; i < GGML_MAX_DIMS; i++) {
+        if (!mul_fits(bytes, (uint64_t) t->ne[i], &bytes)) {
+            return pg_refuse(why, "the %s result takes more bytes than int64 holds (%s, ne[%d] = %lld takes the "
+                             "byte count past 2**63 - 1; " NE_FMT ")", op, ggml_type_name(t->type), i,
+                             (long long) t->ne[i], NE_ARGS(t));
+        }
+    }
+    /* the bytes its strides reach, as ggml_nbytes counts them (a view or permutation can
+     * reach further than its element count), from its offset in its source */
+    uint64_t span = 0;
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        if (t->nb[i] > PG_I64_MAX) {
+            goto too_far;
+        }
+    }
+    if (blck == 1) {     /* ggml_nbytes: type size + sum (ne[i] - 1) * nb[i] */
+        span = ggml_type_size(t->type);
+        uint64_t reach = 0;
+        if (!mul_fits((uint64_t) t->ne[0] - 1, t->nb[0], &reach) || reach > PG_I64_MAX - span) {
+            goto too_far;
+        }
+        span += reach;
+    } else {             /* ne[0] * nb[0] / block size + sum over i >= 1 */
+        if (!mul_fits(((uint64_t) t->ne[0] + blck - 1) / blck, t->nb[0], &span)) {
+            goto too_far;
+        }
+    }
+    for (int i = 1; i < GGML_MAX_DIMS; i++) {
+        uint64_t reach = 0;
+        if (!mul_fits((uint64_t) t->ne[i] - 1, t->nb[i], &reach) || reach > PG_I64_MAX - span) {
+            goto too_far;
+        }
+        span += reach;
+    }
+    if (t->view_offs > PG_I64_MAX - span) {
+        goto too_far;
+    }
+    return PYGGML_OK;
+too_far:
+    return pg_refuse(why, "the %s result's strides reach past byte 2**63 - 1 (offset %zu, " NE_FMT ")", op,
+                     t->view_offs, NE_ARGS(t));
+}
+
 int pyggml_check_node(const struct ggml_tensor * t, char * msg, size_t cap, const char ** defect) {
     pg_why why = {msg, cap, NULL};
     ensure_init();
@@ -140,9 +238,16 @@ int pyggml_check_node(const struct ggml_tensor * t, char * msg, size_t cap, cons
         msg[0] = '\0';
     }
     *defect = NULL;
+    if (!__atomic_load_n(&rules_enabled, __ATOMIC_RELAXED)) {
+        return PYGGML_UNCHECKED;
+    }
+    const int shape = check_shape(t, &why);     /* first, whatever the op: see check_shape */
+    if (shape != PYGGML_OK) {
+        return shape;
+    }
     /* the unary/glu sub-op is op_params[0] (ggml_get_unary_op, ggml_get_glu_op) */
     pg_rule rule = rule_for((int) t->op, t->op_params[0]);
-    if (rule == NULL || !__atomic_load_n(&rules_enabled, __ATOMIC_RELAXED)) {
+    if (rule == NULL) {
         return PYGGML_UNCHECKED;
     }
     if (ggml_is_empty(t)) {

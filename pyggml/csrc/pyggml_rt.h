@@ -169,7 +169,9 @@ enum pyggml_check {
 PYGGML_RT_API void pyggml_checks_init(void);
 /* The rule for node->op (and its unary/glu sub-op): PYGGML_OK, _REFUSED (why in msg;
  * *defect names a pyggml.defects id when the refusal is a known upstream defect, else
- * NULL) or _UNCHECKED. */
+ * NULL) or _UNCHECKED. Before any rule, and for ops without one, the node's shape:
+ * ne >= 0, element and byte counts (and the bytes its strides reach) within int64, else
+ * _REFUSED (off, like the rules, while pyggml_checks_set_enabled(0)). */
 PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg, size_t cap,
                                     const char ** defect);
 /* Index data (indices.c): the source of an op that holds positions into another tensor

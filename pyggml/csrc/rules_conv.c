@@ -11,6 +11,8 @@
 #include "rules.h"
 
 #include <limits.h>
+#include <math.h>
+#include <stdint.h>
 
 /* ggml-cpu/ops.h GGML_IM2COL_WORK_SIZE: what ggml_graph_plan reserves for CONV_2D and
  * CONV_3D (the kernels take their patches in batches that fit it), plus the cache line
@@ -330,55 +332,327 @@ static int rule_pool_2d(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-/* ggml_compute_forward_upscale_f32, nearest source index along one axis: (int64)(i / sf)
- * in float32, sf = (float) n / n_src (align corners: (float) (n-1) / (n_src-1)). Returns the
- * first result index where that differs from floor(i * n_src / n) (floor(i * (n_src-1) /
- * (n-1))), or -1. */
-static int64_t nearest_rounds_wrong(int64_t n, int64_t n_src, int align, int64_t * got, int64_t * want) {
-    float sf = (float) n / n_src;
-    int64_t num = n_src, den = n;
+/* --- UPSCALE: the kernel's float32 source indices, checked in bounded time ------------------
+ *
+ * ggml_compute_forward_upscale_f32 maps result index i of an axis to source index
+ * (int64) (i / sf), in float32, with sf = (float) n / n_src (align corners, dims 0 and 1
+ * only, both > 1: (float) (n-1) / (n_src-1)). The exact index is floor(i * num / den),
+ * num/den = n_src/n (align: (n_src-1)/(n-1)). Both are nondecreasing in i. The rule finds
+ * the first i < n where they differ without looping over the n result indices (the loop it
+ * replaces took 1.8 s for a resize to 2**30 rows, with the GIL held, and years for 2**60):
+ *
+ *  - n, n_src <= 2**23 (every i, n, n_src exact in float32; i/sf < 2**23): the kernel's
+ *    index is floor(v + h/2), v = i/sf exactly, h the float32 spacing at v (rounding to
+ *    nearest, ties included, never moves floor() past an integer other than by reaching
+ *    it, because h <= 1/2 divides 1). So on each binade of v, kernel and exact index are
+ *    both floor((a*i + b)/m) for integers a, b, m, and their difference is 0 or 1 (0 or
+ *    -1) on either side of the one point where v + h/2 - i*num/den changes sign: the
+ *    number of wrong indices in any range is a difference of two floor sums (Euclid's
+ *    algorithm, O(log) steps), and the first one a binary search over such counts.
+ *  - larger axes: every index where n <= 2**16; else every run of equal exact index (its
+ *    first and last result index; the kernel's index is nondecreasing) where there are at
+ *    most 2**16 runs; an exact power-of-two ratio (n == n_src too) in closed form (i / sf
+ *    is exact: the index is wrong only where float32 rounds i, from 2**24 + 1 on); else
+ *    the first and last 2**16 indices, and a resize none of these settles is refused as
+ *    unverified.
+ * tests/test_rules_conv.py checks the first index against a brute-force float32 count. */
+
+#define PG_UPSCALE_CAP ((int64_t) 1 << 16)
+#define PG_F32_EXACT ((int64_t) 1 << 23)
+
+typedef struct {
+    int64_t n, n_src;      /* result and source extent of the axis */
+    uint64_t num, den;     /* exact index floor(i * num / den) */
+    float sf;              /* the kernel's scale */
+} pg_axis;
+
+static pg_axis axis_of(int64_t n, int64_t n_src, int align) {
+    pg_axis ax = {n, n_src, (uint64_t) n_src, (uint64_t) n, (float) n / n_src};
     if (align && n > 1 && n_src > 1) {
-        sf = (float) (n - 1) / (n_src - 1);
-        num = n_src - 1;
-        den = n - 1;
+        ax.sf = (float) (n - 1) / (n_src - 1);
+        ax.num = (uint64_t) (n_src - 1);
+        ax.den = (uint64_t) (n - 1);
     }
-    for (int64_t i = 0; i < n; i++) {
-        if (num > 0 && i > INT64_MAX / num) {
+    return ax;
+}
+
+static int64_t kernel_index(const pg_axis * ax, int64_t i) {
+    return (int64_t) (i / ax->sf);       /* the kernel's expression, in float32 */
+}
+
+#if !defined(__SIZEOF_INT128__)
+#error "the UPSCALE rule needs unsigned __int128 (a 64-bit GCC or Clang)"
+#endif
+typedef unsigned __int128 pg_u128;
+
+static int64_t exact_index(const pg_axis * ax, int64_t i) {
+    return (int64_t) ((pg_u128) (uint64_t) i * ax->num / ax->den);
+}
+
+/* sum over j in [0, cnt) of floor((a*j + b) / m), modulo 2**128 (the caller's sums are
+ * small; a, b, m and every a*cnt + b stay below 2**120 for the inputs below) */
+static pg_u128 floor_sum(pg_u128 cnt, pg_u128 m, pg_u128 a, pg_u128 b) {
+    pg_u128 ans = 0;
+    while (cnt > 0) {
+        if (a >= m) {
+            const pg_u128 tri = (cnt % 2 == 0) ? (cnt / 2) * (cnt - 1) : cnt * ((cnt - 1) / 2);
+            ans += tri * (a / m);
+            a %= m;
+        }
+        if (b >= m) {
+            ans += cnt * (b / m);
+            b %= m;
+        }
+        const pg_u128 y = a * cnt + b;
+        if (y < m) {
             break;
         }
-        *got = (int64_t) (i / sf);
-        *want = i * num / den;
-        if (*got != *want) {
+        cnt = y / m;
+        b = y % m;
+        const pg_u128 t = m;
+        m = a;
+        a = t;
+    }
+    return ans;
+}
+
+/* one piece of the n, n_src <= 2**23 analysis: on [lo, hi) the kernel's index is
+ * floor((qa*i + qb)/qm) and differs from floor(i*num/den) by sign (+1 or -1) or 0 */
+typedef struct {
+    pg_u128 qa, qb, qm;
+    int sign;
+} pg_piece;
+
+static int64_t wrong_in(const pg_axis * ax, const pg_piece * p, int64_t lo, int64_t hi) {
+    if (hi <= lo) {
+        return 0;
+    }
+    const pg_u128 cnt = (pg_u128) (hi - lo);
+    const pg_u128 q = floor_sum(cnt, p->qm, p->qa, p->qa * (pg_u128) lo + p->qb);
+    const pg_u128 e = floor_sum(cnt, ax->den, ax->num, (pg_u128) ax->num * (pg_u128) lo);
+    return (int64_t) (p->sign > 0 ? q - e : e - q);
+}
+
+/* the first i in [lo, hi) where the kernel's index is wrong, or -1 */
+static int64_t first_wrong_in(const pg_axis * ax, const pg_piece * p, int64_t lo, int64_t hi) {
+    if (wrong_in(ax, p, lo, hi) <= 0) {
+        return -1;
+    }
+    while (hi - lo > 1) {          /* invariant: [lo, hi) holds a wrong index */
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (wrong_in(ax, p, lo, mid) > 0) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    return lo;
+}
+
+/* ceil(s * 2**k) for s >= 1, capped at 2**62 */
+static int64_t ceil_pow2(uint64_t s, int k) {
+    if (k >= 0) {
+        return k > 62 || s > ((uint64_t) 1 << (62 - k)) ? (int64_t) 1 << 62 : (int64_t) (s << k);
+    }
+    if (-k >= 64) {
+        return 1;
+    }
+    return (int64_t) ((s >> -k) + ((s & (((uint64_t) 1 << -k) - 1)) != 0));
+}
+
+static int64_t first_wrong_small(const pg_axis * ax) {
+    /* sf = S * 2**e, S odd */
+    int e2 = 0;
+    const float m = frexpf(ax->sf, &e2);              /* sf = m * 2**e2, m in [0.5, 1) */
+    uint64_t S = (uint64_t) ldexpf(m, 24);
+    int e = e2 - 24;
+    while ((S & 1) == 0) {
+        S >>= 1;
+        e++;
+    }
+    /* 1/sf = cn/cd; r - 1/sf = D / (den*cd), r = num/den */
+    const pg_u128 cn = (pg_u128) 1 << (e < 0 ? -e : 0);
+    const pg_u128 cd = (pg_u128) S << (e > 0 ? e : 0);
+    const pg_u128 lhs = (pg_u128) ax->num * cd, rhs = (pg_u128) ax->den * cn;
+    for (int b = -64; b < 24; b++) {                  /* v = i/sf in [2**b, 2**(b+1)) */
+        int64_t lo = ceil_pow2(S, e + b), hi = ceil_pow2(S, e + b + 1);
+        lo = lo < 1 ? 1 : lo;
+        hi = hi > ax->n ? ax->n : hi;
+        if (lo >= hi) {
+            continue;
+        }
+        /* kernel index floor(i/sf + 2**(b-24)) = floor((i*2**(P-e) + S*2**(P+b-24)) / (S*2**P)) */
+        int P = 24 - b;
+        P = P < e ? e : P;
+        P = P < 0 ? 0 : P;
+        pg_piece p = {(pg_u128) 1 << (P - e), (pg_u128) S << (P + b - 24), (pg_u128) S << P, 1};
+        /* i <= split: v + h/2 >= i*num/den (kernel index >= exact); past it, <= */
+        int64_t split = INT64_MAX - 1;
+        if (lhs > rhs) {
+            const pg_u128 q = (pg_u128) ax->den * cd / ((lhs - rhs) << (24 - b));
+            split = q > (pg_u128) INT64_MAX - 1 ? INT64_MAX - 1 : (int64_t) q;
+        }
+        const int64_t mid = split + 1 < lo ? lo : (split + 1 > hi ? hi : split + 1);
+        int64_t i = first_wrong_in(ax, &p, lo, mid);
+        if (i >= 0) {
+            return i;
+        }
+        p.sign = -1;
+        i = first_wrong_in(ax, &p, mid, hi);
+        if (i >= 0) {
             return i;
         }
     }
     return -1;
 }
 
+/* the first i in [lo, hi) (hi - lo <= a cap) where the kernel's index is wrong, or -1;
+ * the exact index stepped with 64-bit remainders */
+static int64_t first_wrong_scan(const pg_axis * ax, int64_t lo, int64_t hi) {
+    if (lo >= hi) {
+        return -1;
+    }
+    const uint64_t qn = ax->num / ax->den, rn = ax->num % ax->den;
+    const pg_u128 x = (pg_u128) (uint64_t) lo * ax->num;
+    uint64_t want = (uint64_t) (x / ax->den), rem = (uint64_t) (x % ax->den);
+    for (int64_t i = lo; i < hi; i++) {
+        if (kernel_index(ax, i) != (int64_t) want) {
+            return i;
+        }
+        want += qn;
+        if (rem >= ax->den - rn) {
+            want += 1;
+            rem -= ax->den - rn;
+        } else {
+            rem += rn;
+        }
+    }
+    return -1;
+}
+
+/* the first wrong index, over the runs of equal exact index k = 0 .. K (K + 1 runs):
+ * run k is [ceil(k*den/num), ceil((k+1)*den/num)) */
+static int64_t first_wrong_runs(const pg_axis * ax, uint64_t K) {
+    /* ceil(k*den/num) = floor((k*den + num - 1) / num), stepped */
+    const uint64_t qd = ax->den / ax->num, rd = ax->den % ax->num;
+    uint64_t start = (ax->num - 1) / ax->num, rem = (ax->num - 1) % ax->num;    /* k = 0 */
+    for (uint64_t k = 0; k <= K; k++) {
+        uint64_t next = start + qd, nrem = rem;
+        if (nrem >= ax->num - rd) {
+            next += 1;
+            nrem -= ax->num - rd;
+        } else {
+            nrem += rd;
+        }
+        const int64_t lo = (int64_t) start;
+        const int64_t last = (int64_t) (next < (uint64_t) ax->n ? next : (uint64_t) ax->n) - 1;
+        if (lo <= last) {
+            if (kernel_index(ax, lo) != (int64_t) k) {
+                return lo;
+            }
+            if (kernel_index(ax, last) != (int64_t) k) {
+                int64_t a = lo, b = last;       /* kernel(a) == k < kernel(b): find the first > k */
+                while (b - a > 1) {
+                    const int64_t mid = a + (b - a) / 2;
+                    if (kernel_index(ax, mid) != (int64_t) k) {
+                        b = mid;
+                    } else {
+                        a = mid;
+                    }
+                }
+                return b;
+            }
+        }
+        start = next;
+        rem = nrem;
+    }
+    return -1;
+}
+
+/* The first result index the kernel maps to a wrong source index, -1 if none; -2 if
+ * pyggml cannot tell in bounded time (none of the indices it looked at is wrong). */
+static int64_t nearest_first_wrong(const pg_axis * ax) {
+    if (ax->n <= 1) {
+        return -1;                    /* index 0 maps to 0 */
+    }
+    if (ax->n <= PG_F32_EXACT && ax->n_src <= PG_F32_EXACT) {
+        return first_wrong_small(ax);
+    }
+    const uint64_t K = (uint64_t) exact_index(ax, ax->n - 1);
+    int t = 0;
+    if (frexpf(ax->sf, &t) == 0.5f) {     /* sf = 2**(t-1) */
+        t -= 1;
+        const int exact = t >= 0 ? t < 64 && (pg_u128) ax->num << t == ax->den
+                                 : -t < 64 && (pg_u128) ax->den << -t == ax->num;
+        const int64_t first = ((int64_t) 1 << 24) + 1;      /* the first integer float32 rounds */
+        /* an exact power-of-two ratio: i / sf is exact, and so is the index while i is */
+        if (exact && ax->n <= first) {
+            return -1;
+        }
+        /* sf = 2**t <= 1: the index i * 2**-t is whole, wrong exactly where float32 rounds i */
+        if (exact && t <= 0) {
+            return kernel_index(ax, first) != exact_index(ax, first) ? first : -1;
+        }
+    }
+    if (ax->n <= PG_UPSCALE_CAP) {
+        return first_wrong_scan(ax, 0, ax->n);
+    }
+    if (K < (uint64_t) PG_UPSCALE_CAP) {
+        return first_wrong_runs(ax, K);
+    }
+    int64_t i = first_wrong_scan(ax, 0, PG_UPSCALE_CAP);
+    if (i < 0) {
+        i = first_wrong_scan(ax, ax->n - PG_UPSCALE_CAP, ax->n);
+    }
+    return i >= 0 ? i : -2;
+}
+
 /* ggml_compute_forward_upscale_f32, bilinear with ANTIALIAS and ALIGN_CORNERS (pixel offset
  * 0) along one axis: the taps of result i are [x - support, x + support) cut at
  * (int64) (x + support), which leaves out the tap floor(x + support) although its
- * triangle weight is positive. Returns the first such result index, or -1. */
-static int64_t antialias_drops_tap(int64_t n, int64_t n_src) {
+ * triangle weight is positive. */
+static int antialias_drops_tap_at(int64_t i, float sf, float support, float invscale, int64_t n_src) {
+    const float x = (float) i / sf;
+    const int64_t hi = (int64_t) (x + support);
+    if (hi < 0 || hi >= n_src) {
+        return 0;
+    }
+    float d = ((float) hi - x) * invscale;
+    d = d < 0 ? -d : d;
+    return 1.0f - d > 0.0f;
+}
+
+/* The first result index whose window drops a tap, -1 if none, -2 if pyggml cannot tell
+ * in bounded time. Every index up to 2 * 2**16 results; beyond, the first and last 2**16
+ * (most resizes drop a tap at index 0 or 1: an upscale from n_src >= 2 at 1, a downscale
+ * by a ratio that is not whole at 0), and in closed form n == n_src <= 2**24 (sf = support
+ * = invscale = 1, x = i exactly: hi - x = 1, a weight of 0) and n_src == 1 (no tap below
+ * x + support >= 1); sizes none of these settles are unverified. */
+static int64_t antialias_first_drop(int64_t n, int64_t n_src) {
+    if (n_src <= 1) {
+        return -1;     /* x + support >= 1 = n_src: every window stops short of the source's end */
+    }
     float sf = (float) n / n_src;
     if (n > 1 && n_src > 1) {
         sf = (float) (n - 1) / (n_src - 1);
     }
     const float support = 1.0f / sf > 1.0f ? 1.0f / sf : 1.0f;
     const float invscale = 1.0f / support;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = (float) i / sf;
-        const int64_t hi = (int64_t) (x + support);
-        if (hi < 0 || hi >= n_src) {
-            continue;
-        }
-        float d = ((float) hi - x) * invscale;
-        d = d < 0 ? -d : d;
-        if (1.0f - d > 0.0f) {
+    const int64_t head = n <= 2 * PG_UPSCALE_CAP ? n : PG_UPSCALE_CAP;
+    for (int64_t i = 0; i < head; i++) {
+        if (antialias_drops_tap_at(i, sf, support, invscale, n_src)) {
             return i;
         }
     }
-    return -1;
+    if (head == n) {
+        return -1;
+    }
+    for (int64_t i = n - PG_UPSCALE_CAP; i < n; i++) {
+        if (antialias_drops_tap_at(i, sf, support, invscale, n_src)) {
+            return i;
+        }
+    }
+    return n == n_src && n <= ((int64_t) 1 << 24) ? -1 : -2;
 }
 
 /* ggml_compute_forward_upscale_f32: F32 (the builder asserts it); read and written through
@@ -403,11 +677,28 @@ static int rule_upscale(const struct ggml_tensor * t, pg_why * why) {
     const int32_t mode = t->op_params[0];
     const int align = (mode & PG_SCALE_FLAG_ALIGN_CORNERS) != 0;
     for (int d = 0; d < 4; d++) {
-        int64_t got = 0, want = 0;
         const int nearest = d >= 2 || (mode & 0xFF) == PG_SCALE_MODE_NEAREST;
-        const int64_t i = nearest ? nearest_rounds_wrong(t->ne[d], a->ne[d], d < 2 && align, &got, &want) : -1;
-        if (i >= 0) {
+        if (!nearest) {
+            continue;
+        }
+        const pg_axis ax = axis_of(t->ne[d], a->ne[d], d < 2 && align);
+        const int64_t i = nearest_first_wrong(&ax);
+        if (i == -2) {
             why->defect = "upscale-nearest-index-rounding";
+            return pg_refuse(why, "dim %d resized %lld -> %lld: pyggml cannot check in bounded time that the kernel's "
+                             "float32 source index (i / (n/n_src)) is right for every result index of so large an "
+                             "axis (none of those it checked is wrong)", d, (long long) a->ne[d], (long long) t->ne[d]);
+        }
+        if (i >= 0) {
+            const int64_t got = kernel_index(&ax, i);
+            why->defect = "upscale-nearest-index-rounding";
+            if (got >= a->ne[d]) {
+                return pg_refuse(why, "dim %d resized %lld -> %lld: the kernel maps result index %lld to source index "
+                                 "%lld (i / (n/n_src) rounded in float32), past the source's last, %lld", d,
+                                 (long long) a->ne[d], (long long) t->ne[d], (long long) i, (long long) got,
+                                 (long long) (a->ne[d] - 1));
+            }
+            const int64_t want = exact_index(&ax, i);
             return pg_refuse(why, "dim %d resized %lld -> %lld: the kernel maps result index %lld to source index "
                              "%lld (i / (n/n_src) rounded in float32), not %lld", d, (long long) a->ne[d],
                              (long long) t->ne[d], (long long) i, (long long) got, (long long) want);
@@ -415,7 +706,13 @@ static int rule_upscale(const struct ggml_tensor * t, pg_why * why) {
     }
     if ((mode & 0xFF) == PG_SCALE_MODE_BILINEAR && (mode & PG_SCALE_FLAG_ANTIALIAS) && align) {
         for (int d = 0; d < 2; d++) {
-            const int64_t i = antialias_drops_tap(t->ne[d], a->ne[d]);
+            const int64_t i = antialias_first_drop(t->ne[d], a->ne[d]);
+            if (i == -2) {
+                why->defect = "upscale-antialias-align-corners";
+                return pg_refuse(why, "antialiased bilinear with aligned corners, dim %d resized %lld -> %lld: pyggml "
+                                 "cannot check in bounded time that no window of so large an axis drops a tap (none "
+                                 "of those it checked does)", d, (long long) a->ne[d], (long long) t->ne[d]);
+            }
             if (i >= 0) {
                 why->defect = "upscale-antialias-align-corners";
                 return pg_refuse(why, "antialiased bilinear with aligned corners, dim %d resized %lld -> %lld: the "

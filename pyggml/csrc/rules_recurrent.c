@@ -73,7 +73,12 @@ static int rule_ssm_conv(const struct ggml_tensor * t, pg_why * why) {
 /* ops.cpp ggml_compute_forward_ssm_scan_f32: s, x, dt, A, B, C F32; it asserts nb[0] == 4
  * for all of them and for ids (ggml_is_contiguous, which the builder asks of s, dt and A,
  * ignores nb[0] where ne[0] == 1, e.g. Mamba-2's A [1, n_head]), and n_head % n_group == 0
- * (n_group = B->ne[1]; 0 divides by zero). ids' values: see the top of this file. */
+ * (n_group = B->ne[1]; 0 divides by zero). ids' values: see the top of this file.
+ * The K state snapshots (op_params[0]) after the outputs: slot 0 is the state after the
+ * last token, slot k (1 <= k < K) is copied after token n_seq_tokens - 1 - k, the only
+ * write to it. With K > n_seq_tokens (x->ne[2], the tokens of each sequence) slots
+ * n_seq_tokens .. K-1 of every sequence are never written: the result keeps whatever its
+ * memory held. */
 static int rule_ssm_scan(const struct ggml_tensor * t, pg_why * why) {
     if (ggml_is_empty(t)) {
         return PYGGML_OK;     /* ggml_compute_forward skips an empty result */
@@ -94,7 +99,18 @@ static int rule_ssm_scan(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "n_head = %lld (x->ne[1]) must be a multiple of n_group = %lld (B->ne[1])",
                          (long long) nh, (long long) ng);
     }
-    return zero_tokens(t, t->src[1]->ne[2], why);
+    const int64_t nt = t->src[1]->ne[2], K = t->op_params[0];
+    const int rc = zero_tokens(t, nt, why);
+    if (rc != PYGGML_OK) {
+        return rc;
+    }
+    if (K > nt) {
+        return pg_refuse(why, "K = %lld state snapshots need at least K tokens per sequence, got n_seq_tokens = "
+                         "%lld (x->ne[2]): the kernel writes slot k after token n_seq_tokens - 1 - k and leaves "
+                         "slots %lld..%lld unwritten", (long long) K, (long long) nt, (long long) nt,
+                         (long long) (K - 1));
+    }
+    return PYGGML_OK;
 }
 
 /* RWKV_WKV6, GATED_LINEAR_ATTN and RWKV_WKV7 (ops.cpp ggml_compute_forward_rwkv_wkv6_f32,
