@@ -17,6 +17,7 @@ from pyggml._core import MEM_ALIGN, Context, Tensor, Type
 from pyggml._fab import flash_attn_back, flash_attn_back_offsets
 from pyggml._graph import Graph
 from pyggml._ops_layout import view_4d
+from pyggml.errors import ArgumentError, GGMLTypeError
 
 __all__ = ["KERNELS", "attention_backward", "attention_backward_node", "flash_attn_back_grad_tensors",
            "flash_attn_back_grads", "flash_attn_ext_backward"]
@@ -27,9 +28,9 @@ MAPPINGS = {"tile": 0, "group": 1}
 
 def _fab_parts(result: Tensor):
     if not isinstance(result, Tensor):
-        raise TypeError(f"result must be a pyggml.Tensor, not {type(result).__name__}")
+        raise GGMLTypeError(f"result must be a pyggml.Tensor, not {type(result).__name__}")
     if result.op != "FLASH_ATTN_BACK":
-        raise ValueError(f"result must be a FLASH_ATTN_BACK tensor (from flash_attn_back), not op {result.op}")
+        raise ArgumentError(f"result must be a FLASH_ATTN_BACK tensor (from flash_attn_back), not op {result.op}")
     q, k, v = result.src[:3]
     assert q is not None and k is not None and v is not None     # FLASH_ATTN_BACK has all four
     return (q, k, v), flash_attn_back_offsets(q, k, v)
@@ -73,11 +74,11 @@ def flash_attn_back_grad_tensors(ctx: Context, result: Tensor):
 
 def _as_4d(name, x, ndim):
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, not {type(x).__name__}")
+        raise GGMLTypeError(f"{name} must be a numpy.ndarray, not {type(x).__name__}")
     if x.dtype != np.float32:
-        raise TypeError(f"{name} must be float32, not {x.dtype}")
+        raise GGMLTypeError(f"{name} must be float32, not {x.dtype}")
     if x.ndim != ndim:
-        raise ValueError(f"q, k, v and d must have the same number of dims; q has {ndim}, {name} has {x.ndim}")
+        raise ArgumentError(f"q, k, v and d must have the same number of dims; q has {ndim}, {name} has {x.ndim}")
     return x.reshape((1,) * (4 - ndim) + x.shape)
 
 
@@ -115,19 +116,19 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None, kernel="bloc
     results are concatenated (one copy).
     """
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
+        raise ArgumentError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
     if mapping not in MAPPINGS:
-        raise ValueError(f"mapping must be 'tile' or 'group', not {mapping!r}")
+        raise ArgumentError(f"mapping must be 'tile' or 'group', not {mapping!r}")
     if kernel == "blocked":
         return _blocked(q, k, v, d, masked, n_threads, scale, mapping, lse, o)
     D = np.shape(q)[-1] if np.ndim(q) else 0
     if scale is not None and float(scale) != float(np.float32(1.0 / np.sqrt(D))):
-        raise ValueError(f"kernel='ggml': ggml's kernel has the scale 1/sqrt(D) only, not {scale!r} "
+        raise ArgumentError(f"kernel='ggml': ggml's kernel has the scale 1/sqrt(D) only, not {scale!r} "
                          f"(use kernel='blocked')")
     if mapping != "tile":
-        raise ValueError("kernel='ggml': ggml's kernel maps query head h to kv head h % KVH only (mapping='tile')")
+        raise ArgumentError("kernel='ggml': ggml's kernel maps query head h to kv head h % KVH only (mapping='tile')")
     if lse is not None or o is not None:
-        raise ValueError("kernel='ggml': ggml's kernel takes no saved statistics (lse, o)")
+        raise ArgumentError("kernel='ggml': ggml's kernel takes no saved statistics (lse, o)")
     q4, k4, v4, d4 = _shapes(q, k, v, d, masked=True)     # ggml's kernel needs M >= N, masked or not
     B, H, N, D = q4.shape
     KVH, M = k4.shape[1], k4.shape[2]
@@ -182,22 +183,22 @@ def _shapes(q, k, v, d, masked):
     """q, k, v, d as 4-d arrays, after the checks both kernels share."""
     ndim = np.ndim(q)
     if ndim not in (2, 3, 4):
-        raise ValueError(f"q must have 2, 3 or 4 dims (N, D) / (H, N, D) / (B, H, N, D), got {ndim}")
+        raise ArgumentError(f"q must have 2, 3 or 4 dims (N, D) / (H, N, D) / (B, H, N, D), got {ndim}")
     q4, k4, v4, d4 = (_as_4d(n, x, ndim) for n, x in (("q", q), ("k", k), ("v", v), ("d", d)))
     B, H, N, D = q4.shape
     Bk, KVH, M, Dk = k4.shape
     if k4.shape != v4.shape:
-        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+        raise ArgumentError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
     if d4.shape != q4.shape:
-        raise ValueError(f"d must have q's shape {q.shape}, got {d.shape}")
+        raise ArgumentError(f"d must have q's shape {q.shape}, got {d.shape}")
     if Bk != B or Dk != D:
-        raise ValueError(f"k {k.shape} must match q {q.shape} in batch and head size D")
+        raise ArgumentError(f"k {k.shape} must match q {q.shape} in batch and head size D")
     if KVH == 0 or H % KVH:
-        raise ValueError(f"the number of query heads H={H} must be a multiple of kv heads KVH={KVH}")
+        raise ArgumentError(f"the number of query heads H={H} must be a multiple of kv heads KVH={KVH}")
     if masked and M < N:
-        raise ValueError(f"M={M} keys must be >= N={N} queries")
+        raise ArgumentError(f"M={M} keys must be >= N={N} queries")
     if q4.size == 0 or k4.size == 0:
-        raise ValueError("q, k, v and d must not be empty")
+        raise ArgumentError("q, k, v and d must not be empty")
     return q4, k4, v4, d4
 
 
@@ -211,13 +212,13 @@ def _blocked(q, k, v, d, masked, n_threads, scale, mapping, lse, o):
     lse4 = o4 = None
     if lse is not None or o is not None:
         if lse is None or o is None:
-            raise ValueError("lse and o come together (the saved statistics need the forward output)")
+            raise ArgumentError("lse and o come together (the saved statistics need the forward output)")
         o4 = _as_4d("o", o, ndim)
         lse = np.asarray(lse)
         if lse.dtype != np.float32:
-            raise TypeError(f"lse must be float32, not {lse.dtype}")
+            raise GGMLTypeError(f"lse must be float32, not {lse.dtype}")
         if lse.shape != np.shape(q)[:-1]:
-            raise ValueError(f"lse must have q's shape without D, {np.shape(q)[:-1]}, got {lse.shape}")
+            raise ArgumentError(f"lse must have q's shape without D, {np.shape(q)[:-1]}, got {lse.shape}")
         lse4 = np.ascontiguousarray(lse.reshape(q4.shape[:-1]))
         o4 = np.ascontiguousarray(o4)
     dq, dk, dv = _attn.blocked_backward(*(np.ascontiguousarray(x) for x in (q4, k4, v4, d4)), lse4, o4, sc, masked,
@@ -236,9 +237,9 @@ def attention_backward_node(ctx: Context, q, k, v, d, *, scale=None, masked=Fals
     v, of one GGML_OP_CUSTOM node that packs them (ggml's compute threads run it).
     """
     if mapping not in MAPPINGS:
-        raise ValueError(f"mapping must be 'tile' or 'group', not {mapping!r}")
+        raise ArgumentError(f"mapping must be 'tile' or 'group', not {mapping!r}")
     if not isinstance(q, Tensor) or not isinstance(k, Tensor) or not isinstance(v, Tensor):
-        raise TypeError("q, k and v must be pyggml.Tensor")
+        raise GGMLTypeError("q, k and v must be pyggml.Tensor")
     sc = 1.0 / np.sqrt(q.ne[0]) if scale is None else scale
     node = _attn.blocked_backward_node(ctx, q, k, v, d, sc, bool(masked) if masked in (0, 1) else masked,
                                        MAPPINGS[mapping], lse, o)
@@ -294,9 +295,9 @@ def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="gr
         raise NotImplementedError("flash_attn_ext_backward: logit_softcap != 0 is not covered by the "
                                   "FLASH_ATTN_BACK kernel")
     if mapping not in ("group", "tile"):
-        raise ValueError(f"mapping must be 'group' or 'tile', not {mapping!r}")
+        raise ArgumentError(f"mapping must be 'group' or 'tile', not {mapping!r}")
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
+        raise ArgumentError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
     q32, d32 = (np.ascontiguousarray(x, np.float32) for x in (q, d))
     k32, v32 = (np.asarray(x).astype(np.float32, copy=False) for x in (k, v))
     if np.shape(v32)[-1] != np.shape(q32)[-1]:
@@ -305,7 +306,7 @@ def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="gr
     D = q32.shape[-1]
     c = 1.0 if scale is None else float(scale) * float(np.sqrt(D))
     if not np.isfinite(c) or c == 0.0:
-        raise ValueError(f"scale must be finite and non-zero, got {scale!r}")
+        raise ArgumentError(f"scale must be finite and non-zero, got {scale!r}")
     if kernel == "blocked":
         return attention_backward(q32, k32, v32, d32, masked=masked, n_threads=n_threads, scale=scale,
                                   mapping=mapping)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from pyggml._backend import Scheduler
 from pyggml._opt import LOSSES, OPTIMIZERS, Dataset, Optimizer, Result
+from pyggml.errors import ArgumentError
 
 __all__ = ["LOSSES", "OPTIMIZERS", "Dataset", "Epoch", "Optimizer", "Result", "Scheduler", "fit"]
 
@@ -36,9 +37,9 @@ def fit(opt: Optimizer, dataset: Dataset, nepoch: int, val_split: float = 0.0,
     one. ``callback(train, ibatch, ibatch_max, result)`` after each batch. Returns one
     :class:`Epoch` per epoch."""
     if type(nepoch) is not int or nepoch < 1:
-        raise ValueError(f"fit: nepoch must be an int >= 1, got {nepoch!r}")
+        raise ArgumentError(f"fit: nepoch must be an int >= 1, got {nepoch!r}")
     if not 0.0 <= val_split < 1.0:
-        raise ValueError(f"fit: val_split must be in [0, 1), got {val_split!r}")
+        raise ArgumentError(f"fit: val_split must be in [0, 1), got {val_split!r}")
     batch = opt.batch_size
     nbatches = dataset.ndata // batch
     idata_split = int((1.0 - val_split) * nbatches) * batch
