@@ -513,8 +513,18 @@ def present(defect_id: str) -> bool | None:
             v = _fab.FAB_BATCH_GQA_OVERRUN
         else:
             v = get(defect_id).run_probe()
-        _PRESENT[defect_id] = None if v is None else bool(v)
+        _PRESENT[defect_id] = measures_defect(v)
     return _PRESENT[defect_id]
+
+
+def measures_defect(measurement: object) -> bool | None:
+    """Whether a probe's measurement shows the defect: probes measure bytes past a
+    buffer (0: fixed) or a kernel verdict ('ok': fixed); None: no measurement."""
+    if measurement is None:
+        return None
+    if isinstance(measurement, str):
+        return measurement != "ok"
+    return bool(measurement)
 
 
 _PRESENT: dict[str, bool | None] = {}

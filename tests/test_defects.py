@@ -49,3 +49,17 @@ def test_probes_measure_the_linked_ggml():
         # the pinned release as published (a tree patched by scripts/patch_upstream.py: 0, 0)
         assert found["fab-batch-gqa-oob"] == 768
         assert found["fab-work-size"] == 64
+
+
+@pytest.mark.parametrize("measurement, present", [("ok", False), ("abort", True), ("out-of-bounds", True),
+                                                  (0, False), (64, True), (None, None)])
+def test_a_probe_that_measures_a_fixed_kernel_reads_as_absent(measurement, present):
+    # a kernel-verdict probe returns "ok" once upstream fixed the defect: that is absence,
+    # although bool("ok") is True
+    assert defects.measures_defect(measurement) is present
+
+
+def test_present_follows_the_probes_of_kernel_verdicts():
+    for d in defects.DEFECTS:
+        if d.probe is not None and "kernel verdict" in d.probe_unit:
+            assert defects.present(d.id) is defects.measures_defect(d.run_probe())
