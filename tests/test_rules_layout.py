@@ -335,8 +335,15 @@ def test_pad_circular_of_an_empty_axis():
 
 
 def test_pad_zero_of_an_empty_axis_is_fine():
+    # padding an empty axis gives an axis of zeros, no read of the (empty) source
     with pyggml.Context(1 << 20) as ctx:
-        pyggml.pad(ctx, ctx.new_tensor(Type.F32, (0, 3)), 2, 0, 0, 0)
+        r = pyggml.pad(ctx, ctx.new_tensor(Type.F32, (0, 3)), 2, 0, 0, 0)
+        assert r.ne == (2, 3, 1, 1)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(r)
+        r.numpy()[...] = np.nan
+        g.compute(1)
+        assert np.array_equal(r.numpy(), np.zeros((3, 2), np.float32))
 
 
 @pytest.mark.parametrize("pads", [(33, 0, 0, 0, 0, 0, 0, 0), (0, 0, 34, 0, 0, 0, 0, 0), (64, 1, 0, 0, 0, 0, 0, 0)])
