@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 
-import pyggml
 
 PRELUDE = """
 import gc, os, signal, sys, threading, time

@@ -18,6 +18,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo import attention as A
 from pyggml.opinfo.harness import kernel_verdict, nmse, read, rules_disabled
+from rules_helpers import refused
 
 RNG = np.random.default_rng(20260514)
 
@@ -41,12 +42,6 @@ def compute_rules_off(build, n_threads=1):
         return read(t)
 
 
-def refused(build, cls, match, defect=None):
-    with pyggml.Context(64 << 20) as ctx:
-        with pytest.raises(cls, match=match) as e:
-            build(ctx)
-    if defect is not None:
-        assert e.value.defect == defect
 
 
 # --- ROPE -------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pyggml
 from pyggml import OpPool, Type
 from pyggml.opinfo import conv as C
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
+from rules_helpers import refused
 
 F32, F16 = np.float32, np.float16
 ALIGN, AA = int(pyggml.ScaleFlag.ALIGN_CORNERS), int(pyggml.ScaleFlag.ANTIALIAS)
@@ -38,14 +39,6 @@ def bf16(ctx, shape, seed=0):
     return pyggml.cast(ctx, rand(ctx, shape, seed=seed), Type.BF16)
 
 
-def refused(build, cls, match, defect=None):
-    with pyggml.Context(64 << 20) as ctx:
-        with pytest.raises(cls, match=match) as e:
-            build(ctx)
-    if defect is not None:
-        assert e.value.defect == defect
-    else:
-        assert not isinstance(e.value, pyggml.UpstreamDefect)
 
 
 def compute(ctx, t):

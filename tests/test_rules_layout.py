@@ -23,6 +23,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
 from pyggml.opinfo import Arg, Sample, registry
+from rules_helpers import refused, compute_unchecked
 
 
 @pytest.fixture
@@ -40,22 +41,8 @@ def q8(ctx, x):
     return ctx.from_numpy(pyggml.quantize(Type.Q8_0, x), type=Type.Q8_0)
 
 
-def compute_unchecked(build):
-    """the node's values computed with the rules off (the graph is proven first: a
-    refusal that the proof turns into an exception is not a wrong value)"""
-    with rules_disabled(), pyggml.Context(64 << 20) as ctx:
-        t = build(ctx)
-        g = pyggml.Graph(ctx, 64)
-        g.build_forward_expand(t)
-        g.compute(1)
-        return t.numpy().copy()
 
 
-def refused(build, exc, match):
-    with pyggml.Context(64 << 20) as ctx:
-        with pytest.raises(exc, match=match) as e:
-            build(ctx)
-    return e.value
 
 
 RNG = np.random.default_rng(7)

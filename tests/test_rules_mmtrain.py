@@ -22,6 +22,7 @@ from pyggml.opinfo.backward import (ROPE_MROPE, ROPE_NEOX, ROPE_NORMAL, ROPE_VIS
                                     ref_silu_back, ref_soft_max_back)
 from pyggml.opinfo.harness import grad_check, kernel_verdict, read, rules_disabled
 from pyggml.opinfo.train import ref_cross_entropy_loss
+from rules_helpers import compute_unchecked
 
 KPE = pyggml.KernelPreconditionError
 TYPE_ERR = pyggml.GGMLTypeError
@@ -74,16 +75,6 @@ def unwalkable(ctx, values):
     return v
 
 
-def compute_unchecked(build):
-    """the result of build(ctx) computed with the rules off (only for nodes whose kernel
-    verdict is "ok": they run clean, they compute the wrong thing)"""
-    assert kernel_verdict(build) == "ok"
-    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
-        t = build(ctx)
-        g = pyggml.Graph(ctx, 64)
-        g.build_forward_expand(t)
-        g.compute(1)
-        return read(t)
 
 
 def param(ctx, x, typ=Type.F32):

@@ -16,6 +16,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo import recurrent as R
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
+from rules_helpers import refused, compute_unchecked
 from conftest import needs_op  # noqa: E402
 
 F32, F16 = np.float32, np.float16
@@ -38,24 +39,8 @@ def rows_strided(ctx, shape, dtype=F32):
     return pyggml.transpose(ctx, rand(ctx, tuple(shape[:-2]) + (shape[-1], shape[-2]), dtype))
 
 
-def refused(build, cls, match, defect=None):
-    with pyggml.Context(32 << 20) as ctx:
-        with pytest.raises(cls, match=match) as e:
-            build(ctx)
-    if defect is not None:
-        assert e.value.defect == defect
-    else:
-        assert not isinstance(e.value, pyggml.UpstreamDefect)
 
 
-def compute_unchecked(build):
-    """The node's values, computed with the rules off (after its guarded proof)."""
-    with rules_disabled(), pyggml.Context(32 << 20) as ctx:
-        t = build(ctx)
-        g = pyggml.Graph(ctx, 64)
-        g.build_forward_expand(t)
-        g.compute(1)
-        return read(t)
 
 
 def tokens_view(ctx, base, T):
