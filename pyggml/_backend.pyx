@@ -28,7 +28,7 @@ from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport Allocation, Context, Storage, Tensor, allocation_of, need_open, raise_aborted
-from pyggml._graph cimport Executor, Graph
+from pyggml._graph cimport Executor, Graph, tensor_in_use
 from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked, note_threads, run_interruptibly, wants_async
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextFullError, GGMLAbort, GGMLVersionError,
@@ -184,7 +184,7 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
                 status = compute(graph.ptr, arg)
     finally:
         if not handed:
-            graph._busy = False
+            graph._set_busy(False)
             unlock_backends(backends)
     _raise_status(status, what, backends)
     return 0
@@ -204,7 +204,7 @@ cdef int begin_compute(Graph graph, tuple backends, str what) except -1:
     if graph._busy:                  # another thread took it while this one waited for the locks
         unlock_backends(backends)
         raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
-    graph._busy = True
+    graph._set_busy(True)
     return 0
 
 
@@ -429,7 +429,7 @@ cdef class Backend(Executor):
             if self.is_cpu:
                 note_threads(n)
         except BaseException:
-            graph._busy = False
+            graph._set_busy(False)
             unlock_backends(backends)
             raise
         # the CPU kernels' proof: another backend has other kernels
@@ -530,7 +530,7 @@ def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backe
             else:
                 b._check_supported(graph)
     except BaseException:
-        graph._busy = False
+        graph._set_busy(False)
         unlock_backends(pair)
         raise
     compute_locked(graph, _compare_on, &cs.c, graph._unproven and (backend1.is_cpu or backend2.is_cpu),

@@ -105,6 +105,16 @@ cdef class _History:
     cdef int release_for(self, list tensors) except -1:
         cdef set keep = set(tensors)
         cdef Allocation a
+        cdef size_t i
+        cdef ggml_tensor * t
+        for a, regs in self.entries:
+            # what another thread computes now must keep its memory: refuse, release nothing
+            for i in range(a.n_placed):
+                t = a.placed[i].t
+                if t.buffer == a.placed[i].buffer and <uintptr_t>t not in keep and tensor_in_use(t):
+                    raise GraphBusyError(
+                        f"alloc_graph: tensor {t.name.decode(errors='replace')!r} of an earlier allocation, which "
+                        f"this one releases, is in a graph another thread is computing: allocate after it returns")
         kept = []
         for a, regs in self.entries:
             if a.release(keep):
@@ -395,7 +405,7 @@ cdef class Scheduler:
                                         f"which pyggml cannot check in {b.name}'s memory")
             note_threads(most)
         except BaseException:
-            graph._busy = False
+            graph._set_busy(False)
             unlock_backends(self.backends)
             raise
         compute_locked(graph, _sched_compute_on, cur.ptr, graph._unproven, "ggml_backend_sched_graph_compute",

@@ -298,6 +298,10 @@ cdef class Allocation:
 
     cdef int _adopt(self, ggml_tensor * t, list pools) except -1:
         """Clear ``t`` too when released: another allocation placed a view into this one's memory."""
+        cdef size_t i
+        for i in range(self.n_placed):
+            if self.placed[i].t == t and self.placed[i].buffer == t.buffer:
+                return 0                # adopted before (a graph allocated again)
         cdef pyggml_placed * grown = <pyggml_placed *>realloc(self.placed, (self.n_placed + 1) * sizeof(pyggml_placed))
         if grown == NULL:
             raise MemoryError()

@@ -236,7 +236,7 @@ cdef int _async_cleanup(_Async * st) except -1:
     for i in range(st.n_cpu):
         ggml_backend_cpu_set_abort_callback(st.cpu[i], NULL, NULL)
     if keep[0] is not None:
-        (<Graph>keep[0])._busy = False
+        (<Graph>keep[0])._set_busy(False)
     _threadpool_release(st.tp)
     Py_DECREF(keep)
     if keep[2] is not None:
@@ -388,7 +388,7 @@ cdef class CpuExecutor(Executor):
         if graph._busy:
             raise GraphBusyError("compute: this graph is already being computed in another thread")
         # from here until the end, no other thread may compute or change the graph
-        graph._busy = True
+        graph._set_busy(True)
         cdef ggml_threadpool * tp = NULL
         cdef ggml_cplan plan
         cdef size_t work_size
@@ -434,7 +434,7 @@ cdef class CpuExecutor(Executor):
         finally:
             if not handed:
                 _threadpool_release(tp)
-                graph._busy = False
+                graph._set_busy(False)
         if status != GGML_STATUS_SUCCESS:
             name = ggml_status_to_string(status).decode()
             raise ComputeError(f"ggml_graph_compute failed: {name}", name)

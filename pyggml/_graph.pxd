@@ -12,6 +12,7 @@ cdef extern from "ptrset.h" nogil:
         size_t n
     void pg_ptrset_free(pg_ptrset * s)
     int pg_ptrset_add(pg_ptrset * s, uintptr_t key)
+    int pg_ptrset_contains(const pg_ptrset * s, uintptr_t key)
     void pg_ptrset_discard(pg_ptrset * s, uintptr_t key)
 
 
@@ -41,6 +42,7 @@ cdef class Graph:
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
     cdef object __weakref__   # a scheduler's allocation refers to its graph weakly
 
+    cdef void _set_busy(self, bint busy) noexcept
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1
     cdef bint _still_unallocated(self)
@@ -50,3 +52,7 @@ cdef class Graph:
     cdef void _forget(self, ggml_tensor ** buf, size_t cap, size_t n_added)
     cdef uint64_t _dry_backward(self, Context ctx) except? 0
     cdef int _track_new_nodes(self, int first) except -1
+
+
+# a tensor of a graph some thread is computing now (its memory must not be released)
+cdef bint tensor_in_use(const ggml_tensor * t) noexcept

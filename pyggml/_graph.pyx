@@ -57,6 +57,17 @@ cdef inline int64_t _work_elems(const ggml_tensor * p) noexcept:
 
 cdef Executor _executor = None
 
+# the graphs being computed now (Graph._set_busy): an allocation must not clear their tensors
+cdef set _computing = set()
+
+
+cdef bint tensor_in_use(const ggml_tensor * t) noexcept:
+    cdef Graph g
+    for g in _computing:
+        if pg_ptrset_contains(&g._seen, <uintptr_t>t):
+            return True
+    return False
+
 
 def _set_default_executor(Executor executor not None):
     """Install the executor Graph.compute uses (pyggml._cpu does, at import)."""
@@ -100,6 +111,15 @@ cdef class Graph:
     def overhead(size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
         """Bytes a Graph of ``size`` takes in its context (``ggml_graph_overhead_custom``)."""
         return ggml_graph_overhead_custom(_c.index_arg(size, "size", "overhead"), bool(grads))
+
+    cdef void _set_busy(self, bint busy) noexcept:
+        """Computing (or done): the one place the busy flag changes, so that the graphs
+        being computed are known (tensor_in_use)."""
+        self._busy = busy
+        if busy:
+            _computing.add(self)
+        else:
+            _computing.discard(self)
 
     cdef int _check(self) except -1:
         cdef Context c

@@ -125,6 +125,29 @@ def test_allocating_again_repairs_a_released_graph(kind):
     assert out == ["1", "2", "3", "4", "5"]
 
 
+@pytest.mark.parametrize("kind", ALLOCATORS)
+def test_an_allocation_is_not_released_under_a_running_compute(kind):
+    # another thread's alloc_graph would clear the tensors of a graph being computed
+    out = run_isolated(_long_graph_code("gallocr").replace("pyggml.GraphAllocator(be).alloc_graph(g)",
+                                                           "al = allocator(KIND, be); al.alloc_graph(g)")
+                       .replace("KIND", repr(kind)) + f"""
+        ctx2 = pyggml.Context(1 << 20, no_alloc=True)
+        a2, b2, r2, g2 = add_graph(ctx2)
+        t = threading.Thread(target=lambda: be.graph_compute(g)); t.start()
+        time.sleep(0.3)
+        try:
+            al.alloc_graph(g2)
+            print("released")
+        except pyggml.GraphBusyError:
+            print("busy")
+        t.join()
+        print(float(r.get()[0, 0]) > 0)
+        al.alloc_graph(g2)
+        print(r.data_ptr == 0)
+    """)
+    assert out == ["busy", "True", "True"]
+
+
 def test_train_and_eval_graphs_alternate_on_one_scheduler():
     out = run_isolated("""
         rng = np.random.default_rng(0)

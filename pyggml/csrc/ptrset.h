@@ -69,6 +69,21 @@ static inline int pg_ptrset_insert_new(pg_ptrset * s, uintptr_t key) {
     return 1;
 }
 
+/* 1 if key is in the set */
+static inline int pg_ptrset_contains(const pg_ptrset * s, uintptr_t key) {
+    if (s->cap == 0) {
+        return 0;
+    }
+    size_t mask = s->cap - 1, i = pg_ptr_hash(key) & mask;
+    while (s->table[i]) {
+        if (s->table[i] == key) {
+            return 1;
+        }
+        i = (i + 1) & mask;
+    }
+    return 0;
+}
+
 /* 1 if key was new (now in the set), 0 if it was there, -1 when out of memory */
 static inline int pg_ptrset_add(pg_ptrset * s, uintptr_t key) {
     if ((s->n + 1) * 2 > s->cap && pg_ptrset_resize(s, s->cap == 0 ? 16 : s->cap * 2) != 0) {
