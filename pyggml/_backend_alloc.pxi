@@ -125,6 +125,19 @@ cdef class _History:
         self.entries = kept
         return 0
 
+    cdef int drop(self, Allocation a) except -1:
+        """Release ``a`` wholly and let its contexts go of it."""
+        a.release()
+        kept = []
+        for b, regs in self.entries:
+            if b is a:
+                for c, st in regs:
+                    (<Context>c)._drop_storage(st)
+            else:
+                kept.append((b, regs))
+        self.entries = kept
+        return 0
+
     cdef size_t add(self, Allocation a, Graph graph) except? 0:
         """Every open context holding a tensor ``a`` placed holds the buffer it lies in.
         Returns the bytes of ``a``'s buffers."""
@@ -390,7 +403,13 @@ cdef class Scheduler:
                 or graph._still_unallocated()):
             self.alloc_graph(graph)
             cur = self._current
-            _need_values(cur)
+            try:
+                _need_values(cur)
+            except BaseException:
+                # not left current: the next graph_compute must not take garbage for values
+                (<_History>self._history).drop(cur)
+                self._current = None
+                raise
         cdef int n, most = 1
         begin_compute(graph, self.backends, "compute")
         try:

@@ -148,6 +148,27 @@ def test_an_allocation_is_not_released_under_a_running_compute(kind):
     assert out == ["busy", "True", "True"]
 
 
+def test_a_scheduler_never_computes_leafs_it_gave_fresh_memory():
+    out = run_isolated("""
+        be = pyggml.Backend("CPU", n_threads=1)
+        sched = pyggml.Scheduler([be])
+        ctx = pyggml.Context(1 << 20, no_alloc=True)
+        a, b, r, g = add_graph(ctx)
+        for _ in range(3):              # refused each time, never computed on garbage
+            try:
+                sched.graph_compute(g)
+                print("computed")
+            except ArgumentError as e:
+                print("refused" if "holds no value" in str(e) else str(e))
+        print(a.data_ptr == 0)
+        sched.alloc_graph(g)
+        a.set(np.ones(4, np.float32)); b.set(np.full(4, 2, np.float32))
+        sched.graph_compute(g)
+        print(float(r.get()[0]))
+    """)
+    assert out == ["refused", "refused", "refused", "True", "3.0"]
+
+
 def test_train_and_eval_graphs_alternate_on_one_scheduler():
     out = run_isolated("""
         rng = np.random.default_rng(0)
