@@ -167,6 +167,22 @@ cdef void _call_back(bint train, ggml_opt_result_t result, int64_t ibatch, int64
         _callback_thread = 0
 
 
+class _between_epochs:
+    """Hold the epoch lock for a call that changes ggml-opt's state (reset, shuffle): it
+    waits for an epoch another thread runs; from an epoch's own callback it raises."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __enter__(self):
+        if _callback_thread == threading.get_ident():
+            raise InUseError(f"{self.what}: called from the callback of a running epoch: call it after the epoch")
+        _epoch_lock.acquire()
+
+    def __exit__(self, *exc):
+        _epoch_lock.release()
+
+
 @cython.final
 cdef class _EpochState:
     """What one epoch's worker thread uses: alive until it is done."""
@@ -340,7 +356,8 @@ cdef class Optimizer:
         """reset(optimizer=True): gradients to zero; with ``optimizer`` also the
         optimizer's state (moments, step count)."""
         self._check()
-        ggml_opt_reset(self.ptr, bool(optimizer))
+        with _between_epochs("reset"):
+            ggml_opt_reset(self.ptr, bool(optimizer))
 
     def shuffle(self, Dataset dataset not None, idata=-1):
         """shuffle(dataset, idata=-1): shuffle the shards of the first ``idata`` points
@@ -350,7 +367,8 @@ cdef class Optimizer:
             raise ArgumentError(f"shuffle: idata must be -1 or in [0, {dataset.ndata}], got {idata!r}")
         if idata >= 0 and idata % dataset.ndata_shard:
             raise ArgumentError(f"shuffle: idata must be a multiple of ndata_shard ({dataset.ndata_shard})")
-        ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, idata)
+        with _between_epochs("shuffle"):
+            ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, idata)
 
     def epoch(self, Dataset dataset not None, idata_split=-1, params=None, callback=None):
         """epoch(dataset, idata_split=-1, params=None, callback=None) -> (train, val)

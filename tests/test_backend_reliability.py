@@ -377,7 +377,8 @@ def test_an_epoch_or_a_compute_from_the_epochs_own_callback_raises_instead_of_de
         a.set(np.ones(4, np.float32)); b.set(np.ones(4, np.float32))
         def cb(train, ibatch, imax, result):
             for call in (lambda: trainer.epoch(data()), lambda: opt.fit(trainer, data(), 1),
-                         lambda: be.graph_compute(g), lambda: be.close()):
+                         lambda: be.graph_compute(g), lambda: be.close(), lambda: trainer.reset(),
+                         lambda: trainer.shuffle(data())):
                 try:
                     call()
                     seen.append("ran")
@@ -388,7 +389,7 @@ def test_an_epoch_or_a_compute_from_the_epochs_own_callback_raises_instead_of_de
         be.graph_compute(g)                 # after the epoch: usable
         print(float(r.get()[0]))
     """, timeout=120)
-    assert out == ["in-use", "16", "2.0"]
+    assert out == ["in-use", "24", "2.0"]
 
 
 # --- 8. a failed allocation --------------------------------------------------------------------
