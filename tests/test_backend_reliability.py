@@ -560,7 +560,15 @@ def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
             a.set(np.full((n, n), 1e-3, np.float32))
             sched = pyggml.Scheduler([be])
             call = (lambda: be.graph_compute(g)) if {entry!r} == "backend" else (lambda: sched.graph_compute(g))
-            again = call
+            # usable after: a small graph on the same backend (it waits for the node the
+            # interrupted compute is in), then the big one again, but a few nodes of it
+            cs = pyggml.Context(1 << 20, no_alloc=True)
+            sa, sb, sr, sg = add_graph(cs)
+            be.alloc_ctx_tensors(cs)
+            sa.set(np.ones(4, np.float32)); sb.set(np.ones(4, np.float32))
+            def again():
+                (be.graph_compute if {entry!r} == "backend" else sched.graph_compute)(sg)
+                assert sr.get()[0] == 2.0
         print(interrupted(call))
         while True:            # the worker finishes the node it is in, then the objects are usable
             try:

@@ -199,11 +199,11 @@ def test_ctrl_c_interrupts_a_long_compute_promptly():
         # a shell's background job starts with SIGINT ignored, and Python then installs no
         # handler: give it Python's own, the one an interactive user has
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        n = 2048
+        n = 1024           # 16 nodes of 2 GFLOP: long enough to interrupt, short to redo under ASan
         with pyggml.Context(256 << 20) as ctx:
-            a = ctx.from_numpy(np.ones((n, n), np.float32))
+            a = ctx.from_numpy(np.full((n, n), 1e-3, np.float32))
             r = a
-            for _ in range(12):
+            for _ in range(16):
                 r = pyggml.mul_mat(ctx, a, r)
             g = pyggml.Graph(ctx)
             g.build_forward_expand(r)
