@@ -264,6 +264,10 @@ cdef class Optimizer:
         params.get_opt_pars = pyggml_opt_params_of
         params.get_opt_pars_ud = &self._params
         params.optimizer = <ggml_opt_optimizer_type>OPTIMIZERS[optimizer]
+        # ggml_opt_init builds the backward and optimizer graphs in ctx_compute's pool, sized
+        # by ggml (it checks the pool's size itself): the rest of the pool is its to use
+        # (in ASan builds pyggml poisons the pool bytes no object was reserved for)
+        ctx_compute._reserve(ctx_compute.mem_size - ggml_used_mem(ctx_compute.ptr), "Optimizer")
         self._prove(params)
         with nogil:
             self.ptr = pyggml_opt_init_nothrow(params)

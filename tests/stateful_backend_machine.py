@@ -15,6 +15,7 @@ whatever else exists, was released or closed. Run as
 """
 
 import gc
+import os
 import sys
 import threading
 
@@ -26,6 +27,7 @@ import pyggml as g
 from pyggml import opt
 
 EXPECTED = (g.GGMLError, ValueError, TypeError, MemoryError)
+SANITIZED = os.environ.get("PYGGML_SANITIZED") == "1"
 OPS = ["add", "mul", "sub", "scale", "relu", "mul_mat", "sum", "cont", "transpose"]
 COUNT = {"steps": 0, "calls": 0, "checked": 0}
 
@@ -204,6 +206,8 @@ class BackendMachine(RuleBasedStateMachine):
 
     @rule(n=st.sampled_from([1, 4, 2 ** 34, 0]), ne=st.sampled_from([1, 3]))
     def dataset(self, n, ne):
+        if n == 2 ** 34 and SANITIZED:
+            return          # ASan's operator new aborts where glibc's throws std::bad_alloc
         self.call(opt.Dataset, n, ne, 2)
 
     @rule(be=backends, ctx=contexts, graph=graphs,
