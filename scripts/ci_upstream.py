@@ -251,7 +251,46 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False) -> dict:
+# --reuse vendored=PYTHON: the interpreter's pyggml must be the plain vendored build of
+# this checkout (its source file for file, the pinned ggml, native, the CPU backend only)
+REUSE_CHECK = """
+import json, sys, pathlib, pyggml
+root = pathlib.Path(sys.argv[1]) / "pyggml"
+pkg = pathlib.Path(pyggml.__file__).parent
+stale = sorted(p.name for p in root.glob("*.py") if not (pkg / p.name).exists()
+               or (pkg / p.name).read_bytes() != p.read_bytes())
+print(json.dumps({"info": pyggml.build_info(), "backends": [d["name"] for d in pyggml.backends()],
+                  "stale": stale, "editable": pkg.resolve() == root.resolve()}))
+"""
+
+
+def reusable(spec: str, python: Path, step: "Step", env: dict[str, str]) -> str:
+    """Why the pyggml of interpreter ``python`` cannot stand for ``spec`` ("" if it can):
+    only ``vendored`` can be reused, from an installed (not editable) build of this
+    checkout's sources with the pinned ggml, for this machine's CPU, with no other backend."""
+    if normalise_spec(spec) != "vendored":
+        return f"only vendored can be reused, not {spec}"
+    proc = step.run([python, "-c", REUSE_CHECK, ROOT], env=env, cwd=python.parent)
+    if proc.returncode:
+        return f"{python} cannot import pyggml"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    lock = dict(line.split(" = ", 1) for line in (ROOT / "vendor" / "ggml.lock").read_text().splitlines()
+                if " = " in line and not line.startswith("#"))
+    want = f"pypi:{lock['package']} sha256:{lock['sha256']}"
+    if got["editable"]:
+        return f"{python}'s pyggml is this checkout's editable install, not a build"
+    if got["stale"]:
+        return f"{python}'s pyggml differs from this checkout in {', '.join(got['stale'])}"
+    if got["info"]["ggml_source"] != want or not got["info"]["native"] or got["backends"] != ["CPU"]:
+        return (f"{python}'s pyggml is not the plain vendored build: ggml {got['info']['ggml_source']}, "
+                f"native {got['info']['native']}, backends {got['backends']}")
+    return ""
+
+
+def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False,
+             reuse: Path | None = None) -> dict:
+    """Build (or, with ``reuse``, take the interpreter's installed pyggml for) one spec and
+    run the tests, the parity sweep and the probes on it: the spec's row of the matrix."""
     kind, arg = parse_spec(spec)
     _, isa = split_isa(spec)
     out = workdir / spec_dirname(spec)
@@ -266,7 +305,16 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
     py = venv / "bin" / "python"
     env = clean_env()
     try:
-        if step.run([sys.executable, "-m", "venv", venv]).returncode:
+        if reuse is not None:
+            why = reusable(spec, reuse, step, env)
+            if why:
+                row["reuse_refused"] = why
+                with step.log.open("a") as f:
+                    f.write(f"ci_upstream: --reuse refused: {why}\n")
+                return row
+            row["reused"] = str(reuse)
+            py = reuse
+        elif step.run([sys.executable, "-m", "venv", venv]).returncode:
             return row
         if kind == "pypi":
             if step.run([py, "-m", "pip", "install", "--only-binary", ":all:", arg], env=env).returncode:
@@ -295,7 +343,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             install[4:4] = ["-C", f"cmake.define.{k}={v}"]
         # the backends asked for must be there, and their tests must run, not skip
         env["PYGGML_REQUIRE_BACKENDS"] = ",".join(b.upper() for b in split_backends(split_isa(spec)[0])[1])
-        if step.run(install, env=env).returncode:
+        if reuse is None and step.run(install, env=env).returncode:
             return row
         info = step.run([py, "-c", "import json, pyggml; "
                          "print(json.dumps({**pyggml.build_info(), 'backends': pyggml.backends()}))"],
@@ -308,7 +356,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         row["isa"] = isa or "native"
         row["backends"] = [d["name"] for d in build.get("backends", [])]
         row["built"] = True
-        tests = step.run([venv / "bin" / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+        tests = step.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
                          env=env, cwd=ROOT)
         row["tests_ok"] = tests.returncode == 0
         row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
@@ -756,6 +804,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "ci-upstream",
                     help="where the environments, builds and logs go")
     ap.add_argument("--pytest-args", default="", help="extra arguments for pytest (one string)")
+    ap.add_argument("--reuse", action="append", default=[], metavar="vendored=PYTHON",
+                    help="run the vendored spec on the pyggml installed for interpreter PYTHON instead of "
+                         "building it again (refused unless it is the plain vendored build of this checkout)")
     ap.add_argument("--quick-parity", action="store_true", help="each spec runs pyggml parity --quick, not the full sweep")
     ap.add_argument("--bisect", metavar="src:PATH", help="bisect an upstream git checkout (with --good, --bad, --op)")
     ap.add_argument("--good", metavar="REV", help="--bisect: a revision where the op's result is as wanted")
@@ -787,11 +838,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nci_upstream: the first commit where {args.op or 'the test'} changed: {commit}\n  {subject}")
         return 0
     specs = distinct_specs(args.ggml or DEFAULT_SPECS)
+    reuse: dict[str, Path] = {}
+    for item in args.reuse:
+        name, eq, python = item.partition("=")
+        if not eq or not python:
+            ap.error(f"--reuse {item!r}: use --reuse vendored=PATH/TO/python")
+        if normalise_spec(name) not in map(normalise_spec, specs):
+            ap.error(f"--reuse {item!r}: {name} is not one of the --ggml specs")
+        reuse[normalise_spec(name)] = Path(python).absolute()
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
-        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity)
+        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity,
+                       reuse.get(normalise_spec(spec)))
         ok = _ok(row)
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "
               f"in {row['seconds']} s (log: {row['log']})", flush=True)

@@ -14,6 +14,7 @@ report.
     python scripts/sanitize.py                     # build, then the default test subset
     python scripts/sanitize.py --tests tests/test_ops.py tests/test_graph.py
     python scripts/sanitize.py --no-build          # rerun the tests on the last build
+    python scripts/sanitize.py -j 2                # the tests in two pytest-xdist workers
 
 Exits non-zero if the build fails or any test (or sanitizer) fails.
 """
@@ -56,7 +57,7 @@ def build(venv: Path, build_dir: Path) -> None:
         sh([sys.executable, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
     sh([py, "-m", "pip", "install", "-q", "scikit-build-core", "cython>=3", "cython-cmake", "numpy", "pytest",
-        "hypothesis", "gguf", "ninja", "cmake"])
+        "pytest-xdist", "hypothesis", "gguf", "ninja", "cmake"])
     env = dict(os.environ, CFLAGS=FLAGS, CXXFLAGS=FLAGS, LDFLAGS="-fsanitize=address,undefined")
     sh([py, "-m", "pip", "install", "--no-build-isolation", "-q", str(ROOT),
         f"-Cbuild-dir={build_dir}", "-Ccmake.build-type=RelWithDebInfo",
@@ -64,7 +65,7 @@ def build(venv: Path, build_dir: Path) -> None:
         "-Ccmake.define.PYGGML_NATIVE=ON"], env=env)
 
 
-def test(venv: Path, tests: list[str], cc: str) -> int:
+def test(venv: Path, tests: list[str], cc: str, jobs: int) -> int:
     env = dict(os.environ)
     env["LD_PRELOAD"] = asan_runtime(cc)
     # freed memory stays poisoned in a 1 GiB quarantine before ASan reuses it: a use after
@@ -76,8 +77,9 @@ def test(venv: Path, tests: list[str], cc: str) -> int:
     # the stateful fuzzers run 60 examples each in the plain test run; under ASan (5-10x
     # slower) fewer, so that the stage stays within its minutes
     env.setdefault("PYGGML_STATEFUL_EXAMPLES", "25")
+    # pytest-xdist's workers are child processes: they inherit LD_PRELOAD and the options
     args = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            *[str(ROOT / t) for t in tests]]
+            *(["-n", str(jobs)] if jobs > 1 else []), *[str(ROOT / t) for t in tests]]
     print("+ LD_PRELOAD=... " + " ".join(args), flush=True)
     return subprocess.run(args, env=env, cwd="/").returncode
 
@@ -88,6 +90,8 @@ def main() -> int:
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "sanitize")
     ap.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                    help="run the tests in N pytest-xdist workers (default 1: one process)")
     args = ap.parse_args()
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
@@ -95,7 +99,7 @@ def main() -> int:
     t0 = time.perf_counter()
     if not args.no_build:
         build(args.venv, args.build_dir)
-    rc = test(args.venv, args.tests, cc)
+    rc = test(args.venv, args.tests, cc, args.jobs)
     print(f"sanitize: {'clean' if rc == 0 else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
     return rc
 

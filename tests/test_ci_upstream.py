@@ -170,7 +170,7 @@ def test_diff_compares_two_sweeps_in_their_own_directories(tmp_path, monkeypatch
 def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
     ran = []
 
-    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False):
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None):
         ran.append(spec)
         return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
                     known_defects=[], seconds=0.0, log=str(workdir / ci.spec_dirname(spec) / "log.txt"))
@@ -187,6 +187,92 @@ def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
         ci.main(["--ggml", "vendored", "--ggml", "pypi:libggml-python==0.17.0+blas", "--workdir",
                  str(tmp_path / "w")])
     assert ran == []
+
+
+# --- --reuse vendored=PYTHON: the CI's own install stands for the vendored spec -------------
+
+
+def _check_answers(monkeypatch, answer):
+    """reusable()'s probe of the interpreter answers ``answer`` (a dict; None: it fails)."""
+    import json
+
+    def run(self, cmd, env=None, cwd=None, timeout=1800):
+        if answer is None:
+            return subprocess.CompletedProcess(cmd, 1, stdout="")
+        return subprocess.CompletedProcess(cmd, 0, stdout="noise\n" + json.dumps(answer) + "\n")
+    monkeypatch.setattr(ci.Step, "run", run)
+
+
+def _lock_source():
+    lock = dict(line.split(" = ", 1) for line in (ROOT / "vendor" / "ggml.lock").read_text().splitlines()
+                if " = " in line and not line.startswith("#"))
+    return f"pypi:{lock['package']} sha256:{lock['sha256']}"
+
+
+GOOD = {"info": {"ggml_source": _lock_source(), "native": True}, "backends": ["CPU"], "stale": [], "editable": False}
+
+
+@pytest.mark.parametrize("change, why", [
+    ({}, ""),
+    ({"editable": True}, "editable install"),
+    ({"stale": ["ops.py"]}, "differs from this checkout in ops.py"),
+    ({"backends": ["CPU", "BLAS"]}, "not the plain vendored build"),
+    ({"info": {"ggml_source": "pypi:libggml-python==0.17.0", "native": True}}, "not the plain vendored build"),
+    ({"info": {"ggml_source": _lock_source(), "native": False}}, "not the plain vendored build"),
+])
+def test_reuse_takes_only_the_plain_vendored_build_of_this_checkout(tmp_path, monkeypatch, change, why):
+    _check_answers(monkeypatch, {**GOOD, **change})
+    got = ci.reusable("vendored", Path(sys.executable), ci.Step(tmp_path / "log"), {})
+    assert got == why if not why else why in got
+
+
+def test_reuse_refuses_other_specs_and_a_broken_interpreter(tmp_path, monkeypatch):
+    _check_answers(monkeypatch, GOOD)
+    for spec in ("vendored+blas", "patched:vendored", "vendored@avx2", "pypi:libggml-python==0.17.0"):
+        assert "only vendored" in ci.reusable(spec, Path(sys.executable), ci.Step(tmp_path / "log"), {})
+    _check_answers(monkeypatch, None)
+    assert "cannot import" in ci.reusable("vendored", Path(sys.executable), ci.Step(tmp_path / "log"), {})
+
+
+def test_reuse_probe_reads_this_interpreter_truthfully(tmp_path):
+    """The probe itself, run for real on the interpreter running the tests: an editable
+    install is refused as one; an installed build is compared file by file."""
+    import pyggml
+    got = ci.reusable("vendored", Path(sys.executable), ci.Step(tmp_path / "log"), ci.clean_env())
+    pkg = Path(pyggml.__file__).parent.resolve()
+    if pkg == (ROOT / "pyggml").resolve():
+        assert "editable install" in got
+    elif pyggml.backends() and [d["name"] for d in pyggml.backends()] != ["CPU"]:
+        assert "not the plain vendored build" in got
+    else:
+        stale = [p.name for p in (ROOT / "pyggml").glob("*.py")
+                 if not (pkg / p.name).exists() or (pkg / p.name).read_bytes() != p.read_bytes()]
+        assert ("differs from this checkout" in got) == bool(stale)
+
+
+def test_a_refused_reuse_builds_nothing_and_fails_the_spec(tmp_path, monkeypatch):
+    _check_answers(monkeypatch, {**GOOD, "editable": True})
+    row = ci.run_spec("vendored", tmp_path / "work", [], reuse=Path(sys.executable))
+    assert not row["built"] and "editable" in row["reuse_refused"] and not ci._ok(row)
+    assert not (tmp_path / "work" / ci.spec_dirname("vendored") / "venv").exists()
+    assert "--reuse refused" in Path(row["log"]).read_text()
+
+
+def test_main_checks_its_reuse_arguments(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None):
+        seen[spec] = reuse
+        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
+                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    w = ["--workdir", str(tmp_path / "w")]
+    for bad in (["--reuse", "vendored"], ["--reuse", "vendored="], ["--reuse", "vendored+blas=/usr/bin/python3"]):
+        with pytest.raises(SystemExit):
+            ci.main(["--ggml", "vendored", *bad, *w])
+    assert seen == {}
+    ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--reuse", "vendored=py/bin/python", *w])
+    assert seen == {"vendored": Path("py/bin/python").absolute(), "vendored+blas": None}
 
 
 # --- bisect in a worktree ----------------------------------------------------------------
