@@ -104,6 +104,26 @@ def test_op_coverage_lists_every_op_of_the_linked_ggml_once():
 # --- the generator and the drift guards ---------------------------------------------
 
 @needs_sources
+def test_an_edited_row_rewrites_only_its_familys_compiled_files(tmp_path):
+    # the generator rewrites a file only when its content changes, and each family's module
+    # includes only its own header: renaming cumsum's parameter must leave every other
+    # module's inputs (their .pyx and pyggml_ops_<family>.h) untouched, so a rebuild
+    # compiles pyggml_ops.c and _ops_reduce only
+    text = TABLE.read_text()
+    proc, out = generate(tmp_path, text)
+    assert proc.returncode == 0, proc.stderr
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    proc, _ = generate(tmp_path, edit_row(text, "cumsum", "| tensor a |", "| tensor x |"))
+    assert proc.returncode == 0, proc.stderr
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    assert set(after) == set(before)
+    touched = {name for name in after if after[name] != before[name]}
+    compiled = {n for n in touched if n.endswith((".c", ".h", ".pyx"))}
+    assert compiled == {"pyggml_ops.c", "pyggml_ops_reduce.h", "_ops_reduce.pyx"}
+    assert touched - compiled <= {"_ops_reduce.pyi", "_optable.py"}
+
+
+@needs_sources
 def test_one_row_is_all_an_op_needs(tmp_path):
     # expm1 is a real builder of ggml.h; without its row it is nowhere, with it everywhere
     text = TABLE.read_text()
@@ -119,7 +139,7 @@ def test_one_row_is_all_an_op_needs(tmp_path):
     assert "def expm1(ctx: Context, a: Tensor) -> Tensor: ..." in gen_files["_ops_math.pyi"]  # the stub
     assert "    expm1,\n" in gen_files["_ops.py"] and "'expm1'," in gen_files["_ops.py"]    # the exports
     assert "'name': 'expm1'" in gen_files["_optable.py"]                        # coverage, tests, fuzzer
-    assert "pyggml_try_expm1(" in gen_files["pyggml_ops.h"]                      # the guarded call
+    assert "pyggml_try_expm1(" in gen_files["pyggml_ops_math.h"]                 # the guarded call
     assert "(* const fn_expm1)(struct ggml_context *, struct ggml_tensor *) = ggml_expm1;" \
         in gen_files["pyggml_ops.c"]                                            # the drift guard
 
