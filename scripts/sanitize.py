@@ -78,7 +78,7 @@ def test(venv: Path, tests: list[str], cc: str, jobs: int) -> int:
     # slower) fewer, so that the stage stays within its minutes
     env.setdefault("PYGGML_STATEFUL_EXAMPLES", "25")
     # pytest-xdist's workers are child processes: they inherit LD_PRELOAD and the options
-    args = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    args = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
             *(["-n", str(jobs)] if jobs > 1 else []), *[str(ROOT / t) for t in tests]]
     print("+ LD_PRELOAD=... " + " ".join(args), flush=True)
     return subprocess.run(args, env=env, cwd="/").returncode
