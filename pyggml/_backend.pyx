@@ -27,7 +27,8 @@ from libc.string cimport memset
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport Allocation, Context, Storage, Tensor, allocation_of, need_open, raise_aborted
+from pyggml._core cimport (Allocation, Context, Storage, Tensor, allocation_of, arg_bool, arg_instance,
+                          need_open, raise_aborted)
 from pyggml._graph cimport Executor, Graph, tensor_in_use
 from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked, note_threads, run_interruptibly, wants_async
 
@@ -293,25 +294,27 @@ cdef class Backend(Executor):
     def set_use_ref(self, on):
         """set_use_ref(on): the CPU backend's reference implementations for every compute
         (``ggml_backend_cpu_set_use_ref``); GGMLVersionError where this ggml lacks it."""
+        cdef bint use = arg_bool(on, "on", "set_use_ref")
         self._need_open()
         if not self.is_cpu:
             raise ArgumentError(f"set_use_ref: {self.name} is not the CPU backend")
         lock_backends((self,), "set_use_ref")
         try:
-            if not pyggml_backend_cpu_set_use_ref(self.ptr, bool(on)):
+            if not pyggml_backend_cpu_set_use_ref(self.ptr, use):
                 raise GGMLVersionError(f"set_use_ref: this ggml has no ggml_backend_cpu_set_use_ref")
         finally:
             unlock_backends((self,))
-        self._use_ref = bool(on)
+        self._use_ref = use
 
-    def supports_op(self, Tensor node not None):
+    def supports_op(self, node):
         """supports_op(node) -> bool: whether the backend can compute ``node``
         (``ggml_backend_supports_op``)."""
+        cdef Tensor t = arg_instance(node, Tensor, 'node', 'supports_op')
         self._need_open()
-        node._check()
-        return bool(ggml_backend_supports_op(self.ptr, node.ptr))
+        t._check()
+        return bool(ggml_backend_supports_op(self.ptr, t.ptr))
 
-    def alloc_ctx_tensors(self, Context ctx not None):
+    def alloc_ctx_tensors(self, ctx):
         """alloc_ctx_tensors(ctx) -> Storage or None
 
         Allocate every tensor of the ``no_alloc`` context ``ctx`` that has no data yet in
@@ -319,19 +322,20 @@ cdef class Backend(Executor):
         was none to allocate. The context keeps the buffer while it is open; on a host
         buffer :meth:`pyggml.Tensor.numpy` is a zero-copy view, elsewhere use
         ``get()``/``set()``."""
+        cdef Context c = arg_instance(ctx, Context, 'ctx', 'alloc_ctx_tensors')
         self._need_open()
-        need_open(ctx, "alloc_ctx_tensors")
-        if not ctx.no_alloc:
+        need_open(c, "alloc_ctx_tensors")
+        if not c.no_alloc:
             raise ArgumentError("alloc_ctx_tensors: ctx must be a no_alloc context (its tensors have pool memory)")
         # ggml gives a view the memory of its source, and aborts when that source is in
         # no backend buffer (a context pool's tensor) or not allocated
-        cdef ggml_tensor * t = ggml_get_first_tensor(ctx.ptr)
+        cdef ggml_tensor * t = ggml_get_first_tensor(c.ptr)
         cdef ggml_tensor * src
         cdef list before = []
         while t != NULL:
             src = t.view_src
             if src != NULL and t.buffer == NULL and (src.buffer == NULL or src.data == NULL):
-                own = ctx._holds(src) and src.data == NULL and src.view_src == NULL
+                own = c._holds(src) and src.data == NULL and src.view_src == NULL
                 if not own:
                     raise ArgumentError(
                         f"alloc_ctx_tensors: tensor {t.name.decode(errors='replace')!r} is a view of "
@@ -340,10 +344,10 @@ cdef class Backend(Executor):
                         f"contexts and allocate the source first")
             if t.buffer == NULL:
                 before.append(<uintptr_t>t)
-            t = ggml_get_next_tensor(ctx.ptr, t)
+            t = ggml_get_next_tensor(c.ptr, t)
         cdef _BufferAllocation alloc = _BufferAllocation.__new__(_BufferAllocation)
-        alloc.buf = ggml_backend_alloc_ctx_tensors(ctx.ptr, self.ptr)
-        alloc.record(before, (ctx.pool,))
+        alloc.buf = ggml_backend_alloc_ctx_tensors(c.ptr, self.ptr)
+        alloc.record(before, (c.pool,))
         if alloc.buf == NULL:
             # nothing to allocate; or ggml failed and freed what it had placed
             placed = alloc.n_placed
@@ -354,13 +358,14 @@ cdef class Backend(Executor):
         alloc.buffers.add(<uintptr_t>alloc.buf)
         cdef Storage s = alloc.storage(alloc.buf)
         for key in alloc.buffers:
-            ctx._add_storage(alloc.storage(<void *><uintptr_t>key))
+            c._add_storage(alloc.storage(<void *><uintptr_t>key))
         return s
 
-    def graph_compute(self, Graph graph not None):
+    def graph_compute(self, graph):
         """graph_compute(graph): compute ``graph`` on this backend
         (``ggml_backend_graph_compute``), after pyggml's checks."""
-        self.run(graph, None, False)
+        cdef Graph g = arg_instance(graph, Graph, 'graph', 'graph_compute')
+        self.run(g, None, False)
 
     cdef int _prepare(self, Graph graph, int n) except -1:
         """This backend's checks of ``graph`` before ggml computes it (on ``n`` threads);
@@ -466,8 +471,7 @@ cdef ggml_status _compare_on(ggml_cgraph * graph, void * arg) noexcept nogil:
     return GGML_STATUS_SUCCESS
 
 
-def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backend backend2 not None,
-                          tolerance=1e-7, stop_at_first=False):
+def compare_graph_backend(graph, backend1, backend2, tolerance=1e-7, stop_at_first=False):
     """compare_graph_backend(graph, backend1, backend2, tolerance=1e-7, stop_at_first=False) -> dict
 
     Node-by-node comparison of ``graph`` computed on two backends
@@ -481,6 +485,12 @@ def compare_graph_backend(Graph graph not None, Backend backend1 not None, Backe
     ``tolerance``. Layout-only nodes (views) and tensors of a type without a float
     conversion are listed with ``compared`` False. ``stop_at_first``: stop computing
     after the first diverging node."""
+    w = "compare_graph_backend"
+    return _compare_graph_backend(arg_instance(graph, Graph, "graph", w), arg_instance(backend1, Backend, "backend1", w),
+                                  arg_instance(backend2, Backend, "backend2", w), tolerance, stop_at_first)
+
+
+cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backend2, tolerance, stop_at_first):
     backend1._need_open()
     backend2._need_open()
     graph._check()

@@ -193,20 +193,22 @@ cdef class GraphAllocator:
     cdef readonly Backend backend
     cdef _History _history
 
-    def __cinit__(self, Backend backend not None):
-        backend._need_open()
-        self.backend = backend
+    def __cinit__(self, backend):
+        cdef Backend b = arg_instance(backend, Backend, "backend", "GraphAllocator")
+        b._need_open()
+        self.backend = b
         self._history = _History()
 
     def __repr__(self):
         return f"<pyggml.GraphAllocator for {self.backend.name}>"
 
-    def alloc_graph(self, Graph graph not None):
+    def alloc_graph(self, graph):
         """alloc_graph(graph) -> int: allocate the graph's tensors that have no data
         (``ggml_gallocr_alloc_graph``). Returns the bytes allocated."""
+        cdef Graph gr = arg_instance(graph, Graph, 'graph', 'alloc_graph')
         self.backend._need_open()
-        graph._check_idle()
-        cdef list tensors = _tensors_of(graph)
+        gr._check_idle()
+        cdef list tensors = _tensors_of(gr)
         self._history.release_for(tensors)
         cdef ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(self.backend.ptr)
         cdef _Gallocation alloc = _Gallocation.__new__(_Gallocation)
@@ -218,16 +220,16 @@ cdef class GraphAllocator:
         cdef list before = _without_buffer(tensors)
         cdef list marked = _protect_inputs(tensors)
         try:
-            rc = pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, graph.ptr, &ok)
+            rc = pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, gr.ptr, &ok)
         finally:
             _unprotect(marked)
         if not rc or not ok:
-            _after_failure(alloc, before, graph)
+            _after_failure(alloc, before, gr)
             if not rc:
                 raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
             raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer")
-        alloc.record(before, graph._pools)
-        return self._history.add(alloc, graph)
+        alloc.record(before, gr._pools)
+        return self._history.add(alloc, gr)
 
 
 # ggml_backend_sched_new asserts n_backends <= GGML_SCHED_MAX_BACKENDS, which only
@@ -280,7 +282,10 @@ cdef class Scheduler:
 
     def __cinit__(self, backends, graph_size=2048):
         self.ptr = NULL
-        bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
+        try:
+            bs = tuple(backends) if not isinstance(backends, Backend) else (backends,)
+        except TypeError:                   # not iterable
+            bs = ()
         if not bs or not all(isinstance(b, Backend) for b in bs):
             raise ArgumentError("Scheduler: backends must be a non-empty list of pyggml.Backend")
         if len(bs) > _MAX_BACKENDS:
@@ -324,25 +329,26 @@ cdef class Scheduler:
                                          f"supports node {i} ({op} {name!r})", op, name, "")
         return 0
 
-    def alloc_graph(self, Graph graph not None):
+    def alloc_graph(self, graph):
         """alloc_graph(graph) -> int: split the graph over the backends and allocate the
         tensors that have no data (``ggml_backend_sched_alloc_graph``, in a scheduler of
         its own). Returns the bytes of the buffers the new allocation made."""
+        cdef Graph gr = arg_instance(graph, Graph, 'graph', 'alloc_graph')
         cdef Backend b
         for b in self.backends:
             b._need_open()
-        graph._check_idle()
-        self._check_nodes(graph)
-        cdef list tensors = _tensors_of(graph)
+        gr._check_idle()
+        self._check_nodes(gr)
+        cdef list tensors = _tensors_of(gr)
         cdef _History history = self._history
         history.release_for(tensors)
         self._current = None
-        cdef int n_nodes = ggml_graph_n_nodes(graph.ptr)
-        cdef size_t size = max(self.graph_size, 2 * <size_t>ggml_graph_size(graph.ptr) + 16)
+        cdef int n_nodes = ggml_graph_n_nodes(gr.ptr)
+        cdef size_t size = max(self.graph_size, 2 * <size_t>ggml_graph_size(gr.ptr) + 16)
         cdef _SchedAllocation alloc = _SchedAllocation.__new__(_SchedAllocation)
         alloc.ptr = _sched_new(self.backends, size)
         alloc.backends = self.backends
-        alloc.graph = weakref.ref(graph)
+        alloc.graph = weakref.ref(gr)
         alloc.n_nodes = n_nodes
         alloc.members = set(tensors)
         cdef pyggml_guard g
@@ -350,21 +356,21 @@ cdef class Scheduler:
         cdef list before = _without_buffer(tensors)
         cdef list marked = _protect_inputs(tensors)
         try:
-            rc = pyggml_try_sched_alloc_graph(&g, alloc.ptr, graph.ptr, &ok)
+            rc = pyggml_try_sched_alloc_graph(&g, alloc.ptr, gr.ptr, &ok)
         finally:
             _unprotect(marked)
         if not rc:
             # the scheduler stopped midway: leak it (its state is unknown), let its backends go
-            _after_failure(alloc, before, graph)
+            _after_failure(alloc, before, gr)
             alloc.ptr = NULL
             for b in self.backends:
                 b._users -= 1
             raise_aborted(&g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
         if not ok:
-            _after_failure(alloc, before, graph)
+            _after_failure(alloc, before, gr)
             raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers")
-        alloc.record(before, graph._pools)
-        total = history.add(alloc, graph)
+        alloc.record(before, gr._pools)
+        total = history.add(alloc, gr)
         self._current = alloc
         return total
 
@@ -373,35 +379,37 @@ cdef class Scheduler:
         """The splits of the last allocated graph (runs of nodes on one backend)."""
         return 0 if self._current is None else ggml_backend_sched_get_n_splits((<_SchedAllocation>self._current).ptr)
 
-    def backend_of(self, Tensor node not None):
+    def backend_of(self, node):
         """backend_of(node) -> Backend or None: the backend the last allocation gave
         ``node`` (``ggml_backend_sched_get_tensor_backend``); None for a tensor outside
         the graph it allocated."""
-        node._check()
+        cdef Tensor t = arg_instance(node, Tensor, 'node', 'backend_of')
+        t._check()
         cdef _SchedAllocation cur = self._current
-        if cur is None or <uintptr_t>node.ptr not in cur.members:
+        if cur is None or <uintptr_t>t.ptr not in cur.members:
             return None             # ggml would add it to the scheduler's hash set, which fills up
-        cdef ggml_backend_t p = ggml_backend_sched_get_tensor_backend(cur.ptr, node.ptr)
+        cdef ggml_backend_t p = ggml_backend_sched_get_tensor_backend(cur.ptr, t.ptr)
         for b in self.backends:
             if (<Backend>b).ptr == p:
                 return b
         return None
 
-    def graph_compute(self, Graph graph not None, n_threads=None):
+    def graph_compute(self, graph, n_threads=None):
         """graph_compute(graph, n_threads=None): compute ``graph``
         (``ggml_backend_sched_graph_compute``) with the GIL released, after pyggml's
         checks; allocates it first unless it is this scheduler's last allocated graph (a
         graph whose leafs would get fresh memory that way is refused: they would hold no
         values; allocate it, set them, then compute). ``n_threads``: for the CPU backends
         (default: each backend's own)."""
+        cdef Graph g = arg_instance(graph, Graph, 'graph', 'graph_compute')
         cdef Backend b
         for b in self.backends:
             b._need_open()
-        graph._check()
+        g._check()
         cdef _SchedAllocation cur = self._current
-        if (cur is None or cur.graph() is not graph or cur.n_nodes != ggml_graph_n_nodes(graph.ptr)
-                or graph._still_unallocated()):
-            self.alloc_graph(graph)
+        if (cur is None or cur.graph() is not g or cur.n_nodes != ggml_graph_n_nodes(g.ptr)
+                or g._still_unallocated()):
+            self.alloc_graph(g)
             cur = self._current
             try:
                 _need_values(cur)
@@ -411,23 +419,23 @@ cdef class Scheduler:
                 self._current = None
                 raise
         cdef int n, most = 1
-        begin_compute(graph, self.backends, "compute")
+        begin_compute(g, self.backends, "compute")
         try:
-            keep = graph._hold()
+            keep = g._hold()
             for b in self.backends:
                 if b.is_cpu:
                     n = _need_threads(n_threads if n_threads is not None else b._n_threads)
-                    b._prepare(graph, n)
+                    b._prepare(g, n)
                     most = max(most, n)
-                elif graph._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
+                elif g._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
                     raise ArgumentError(f"compute: the graph reads positions from tensor values (get_rows, ...), "
                                         f"which pyggml cannot check in {b.name}'s memory")
             note_threads(most)
         except BaseException:
-            graph._set_busy(False)
+            g._set_busy(False)
             unlock_backends(self.backends)
             raise
-        compute_locked(graph, _sched_compute_on, cur.ptr, graph._unproven, "ggml_backend_sched_graph_compute",
+        compute_locked(g, _sched_compute_on, cur.ptr, g._unproven, "ggml_backend_sched_graph_compute",
                        self.backends, (keep, cur))
 
 

@@ -86,6 +86,8 @@ cdef Tensor wrap(Context ctx, ggml_tensor * p)
 cdef int need_open(Context ctx, str arg=*) except -1
 
 # arguments of the generated op wrappers: check and convert, or raise naming the argument
+cdef object arg_instance(object v, type cls, str arg, str op)
+cdef Context arg_context(object ctx, str op)
 cdef Tensor arg_tensor(object t, str arg, str op)
 cdef Tensor arg_tensor_or_none(object t, str arg, str op)
 cdef int32_t arg_int32(object v, str arg, str op) except? -1

@@ -25,6 +25,7 @@ Ownership
 
 cimport cython
 from cpython.bytes cimport PyBytes_AsString
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, strlen
@@ -45,7 +46,7 @@ from enum import IntEnum
 import numpy as np
 
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort,
-                           GGMLTypeError, GGMLVersionError, KernelPreconditionError, UpstreamDefect)
+                           GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, UpstreamDefect)
 
 cnp.import_array()
 pyggml_guard_install()
@@ -189,7 +190,10 @@ cdef class Storage:
         self.buffer = NULL
         self.host = True
         if size is not None:
-            self._alloc(size)
+            n = index_arg(size, "size", "Storage")
+            if not 0 <= n <= PY_SSIZE_T_MAX:
+                raise ArgumentError(f"Storage: size must be in [0, {PY_SSIZE_T_MAX}], got {n}")
+            self._alloc(n)
 
     cdef int _alloc(self, size_t size) except -1:
         if posix_memalign(&self.ptr, _POOL_ALIGN, size if size else 1) != 0:

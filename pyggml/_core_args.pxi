@@ -2,17 +2,45 @@
 # value to its C type or raises, naming the op and the argument. The generated op
 # wrappers call them (cimported through _core.pxd) for every parameter of the table.
 
+cdef object _as_index(object v):
+    """v.__index__(), or None where v has none or it refuses (bool, a numpy array of more
+    than one element: its __index__ raises TypeError)."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        return None
+    try:
+        return v.__index__()
+    except TypeError:
+        return None
+
+
 cdef object index_arg(object v, str arg, str op):
     """v as a Python int (bool refused), or GGMLTypeError."""
     if type(v) is int:
         return v
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
+    i = _as_index(v)
+    if i is None:
         raise GGMLTypeError(f"{_where(op)}{arg} must be an int, not {type(v).__name__}")
-    return v.__index__()
+    return i
 
 
 cdef inline str _where(str op):
     return f"{op}: " if op else ""
+
+
+cdef object arg_instance(object v, type cls, str arg, str op):
+    """v if it is a ``cls``, else GGMLTypeError: for the pyggml objects functions take.
+    (A parameter typed in the signature, ``Graph graph``, would raise Cython's builtin
+    TypeError instead.)"""
+    if not isinstance(v, cls):
+        raise GGMLTypeError(f"{_where(op)}{arg} must be a pyggml.{cls.__name__}, not {type(v).__name__}")
+    return v
+
+
+cdef Context arg_context(object ctx, str op):
+    """An open Context (the first argument of every op wrapper)."""
+    arg_instance(ctx, Context, "ctx", op)
+    need_open(<Context>ctx)
+    return <Context>ctx
 
 
 cdef int need_open(Context ctx, str arg="ctx") except -1:
@@ -96,16 +124,20 @@ cdef int64_t arg_int64_i32(object v, str arg, str op) except? -1:
 cdef float arg_float(object v, str arg, str op) except? -1.0:
     if type(v) is float:
         return v
-    if isinstance(v, (bool, str, bytes)) or not hasattr(v, "__float__"):
-        raise GGMLTypeError(f"{_where(op)}{arg} must be a real number, not {type(v).__name__}")
-    return float(v)
+    if not isinstance(v, (bool, str, bytes)) and hasattr(v, "__float__"):
+        try:
+            return float(v)
+        except (TypeError, ValueError):     # a numpy array of more than one element
+            pass
+    raise GGMLTypeError(f"{_where(op)}{arg} must be a real number, not {type(v).__name__}")
 
 
 cdef int arg_bool(object v, str arg, str op) except -1:
     if v is True or v is False:
         return v is True
-    if hasattr(v, "__index__") and v.__index__() in (0, 1):
-        return v.__index__()
+    i = _as_index(v)
+    if i in (0, 1):
+        return i
     raise GGMLTypeError(f"{_where(op)}{arg} must be a bool, not {v!r}")
 
 
@@ -146,9 +178,10 @@ cdef tuple _sequence(object v, int n, str arg, str op):
 
 cdef ggml_type arg_type(object typ, str arg="type") except? <ggml_type>-1:
     if type(typ) is not Type:
-        if isinstance(typ, bool) or not hasattr(typ, "__index__"):
+        i = _as_index(typ)
+        if i is None:
             raise GGMLTypeError(f"{arg} must be a pyggml.Type (or its int value), not {type(typ).__name__}")
-        typ = typ.__index__()
+        typ = i
         if typ not in _TYPE_VALUES:
             raise ArgumentError(f"{arg}={typ!r} is not a ggml type of this build")
     return <ggml_type><int>typ

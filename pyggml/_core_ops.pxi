@@ -97,12 +97,12 @@ cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple n
         t = ggml_get_next_tensor(_scratch, t)
     need += ggml_used_mem(_scratch) - headers
     ctx._reserve(need, op)
-    raise RuntimeError(f"{op}: op_check refused a call op_fail finds sound (please report)")
+    raise InternalError(f"{op}: op_check refused a call op_fail finds sound (please report)")
 
 
 cdef int op_lost(pyggml_guard * g, str op) except -1:
     """The real call aborted after a clean scratch run: cannot happen (same call, same inputs)."""
-    raise RuntimeError(f"{op}: ggml aborted in the real call after a clean scratch run "
+    raise InternalError(f"{op}: ggml aborted in the real call after a clean scratch run "
                        f"(please report): {g.message.decode('utf-8', 'replace')}")
 
 

@@ -162,7 +162,7 @@ cdef class Tensor:
             return None
         cdef Context owner = self.ctx._owner_of(p)
         if owner is None:
-            raise RuntimeError("source tensor belongs to no context pyggml knows")
+            raise InternalError("source tensor belongs to no context pyggml knows")
         return wrap(owner, p)
 
     @property
@@ -312,7 +312,7 @@ cdef class Tensor:
         cdef cnp.ndarray out = np.empty(shape, dtype)
         cdef size_t n = ggml_nbytes(self.ptr)
         if <size_t>out.nbytes != n:
-            raise RuntimeError(f"get: {out.nbytes} bytes for a tensor of {n} (please report)")
+            raise InternalError(f"get: {out.nbytes} bytes for a tensor of {n} (please report)")
         if self.ptr.buffer != NULL:
             with nogil:
                 ggml_backend_tensor_get(self.ptr, cnp.PyArray_DATA(out), 0, n)
@@ -341,7 +341,7 @@ cdef class Tensor:
         cdef cnp.ndarray src = np.ascontiguousarray(array)
         cdef size_t n = ggml_nbytes(self.ptr)
         if <size_t>src.nbytes != n:
-            raise RuntimeError(f"set: {src.nbytes} bytes for a tensor of {n} (please report)")
+            raise InternalError(f"set: {src.nbytes} bytes for a tensor of {n} (please report)")
         if self.ptr.buffer != NULL:
             with nogil:
                 ggml_backend_tensor_set(self.ptr, cnp.PyArray_DATA(src), 0, n)

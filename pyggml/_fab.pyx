@@ -13,7 +13,7 @@ from libc.string cimport memset
 
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node_named, need_open
+from pyggml._core cimport Context, Storage, Tensor, arg_bool, arg_context, arg_tensor, check_node_named, need_open
 
 import numpy as np
 
@@ -73,7 +73,7 @@ cdef int _need_seed_shapes(Tensor q, Tensor k, Tensor v, Tensor d) except -1:
     return 0
 
 
-def flash_attn_back(Context ctx, q, k, v, d, masked):
+def flash_attn_back(ctx, q, k, v, d, masked):
     """flash_attn_back(ctx, q, k, v, d, masked) -> Tensor
 
     The seed's ``ggml_flash_attn_back``: a GGML_OP_FLASH_ATTN_BACK node whose
@@ -91,13 +91,12 @@ def flash_attn_back(Context ctx, q, k, v, d, masked):
     ``fab-batch-gqa-oob``), GGMLVersionError where the linked ggml has no
     GGML_OP_FLASH_ATTN_BACK.
     """
-    need_open(ctx)
+    cdef Context c = arg_context(ctx, "flash_attn_back")
     if not PYGGML_HAVE_FLASH_ATTN_BACK:
         raise GGMLVersionError(f"flash_attn_back: ggml {c_ggml_version().decode()} has no GGML_OP_FLASH_ATTN_BACK")
     cdef Tensor tq = arg_tensor(q, "q", "flash_attn_back"), tk = arg_tensor(k, "k", "flash_attn_back")
     cdef Tensor tv = arg_tensor(v, "v", "flash_attn_back"), td = arg_tensor(d, "d", "flash_attn_back")
-    if type(masked) is not bool and masked not in (0, 1):
-        raise GGMLTypeError(f"flash_attn_back: masked must be a bool, not {masked!r}")
+    cdef bint cmasked = arg_bool(masked, "masked", "flash_attn_back")
     _need_seed_shapes(tq, tk, tv, td)
     # the kernel's rule, on the node as it will be, before the context is touched
     cdef ggml_tensor probe
@@ -108,13 +107,13 @@ def flash_attn_back(Context ctx, q, k, v, d, masked):
     probe.nb[0] = 4
     probe.nb[1] = probe.nb[2] = probe.nb[3] = 4 * probe.ne[0]
     probe.op = GGML_OP_FLASH_ATTN_BACK
-    probe.op_params[0] = 1 if masked else 0
+    probe.op_params[0] = 1 if cmasked else 0
     probe.src[0] = tq.ptr
     probe.src[1] = tk.ptr
     probe.src[2] = tv.ptr
     probe.src[3] = td.ptr
     check_node_named(&probe, "flash_attn_back", ("q", "k", "v", "d"), (tq, tk, tv, td))
-    return _fab_node(ctx, tq, tk, tv, td, masked, 0)
+    return _fab_node(c, tq, tk, tv, td, cmasked, 0)
 
 
 cdef Tensor _fab_node(Context ctx, Tensor tq, Tensor tk, Tensor tv, Tensor td, bint masked, int64_t extra):

@@ -386,11 +386,14 @@ def docstring(op: Op) -> str:
 
 
 def gen_wrapper(op: Op) -> str:
-    out = [f"def {op.name}({', '.join(['Context ctx'] + [p.pyname for p in op.params])}):",
+    # ctx is checked by _c.arg_context (GGMLTypeError), not typed in the signature, where a
+    # wrong type would raise Cython's builtin TypeError
+    out = [f"def {op.name}({', '.join(['ctx'] + [p.pyname for p in op.params])}):",
            f'    """{docstring(op).lstrip()}\n    """']
     if not op.available:
         out.append(f"    raise _c.version_error({op.name!r}, {op.reason!r})")
         return "\n".join(out) + "\n"
+    out.append(f"    cdef Context c_ctx = _c.arg_context(ctx, {op.name!r})")
     tensors = [p for p in op.params if p.kind in ("tensor", "tensor?")]
     for p in op.params:
         n, q = p.pyname, repr(p.pyname)
@@ -432,17 +435,17 @@ def gen_wrapper(op: Op) -> str:
     tvals = "(" + "".join(f"t_{p.name}, " for p in tensors) + ")"
     sep = ", " if call_args else ""
     out.append("    cdef pyggml_guard _guard")
-    out.append(f"    cdef ggml_tensor * _r = pyggml_try_{op.name}(&_guard, _c.op_scratch(ctx){sep}{call_args})")
-    out.append(f"    if _c.op_check(ctx, _r, &_guard, {op.name!r}):")
-    out.append(f"        _c.op_fail(ctx, _r, &_guard, {op.name!r}, {names}, {tvals})")
-    out.append(f"    _r = pyggml_try_{op.name}(&_guard, ctx.ptr{sep}{call_args})")
+    out.append(f"    cdef ggml_tensor * _r = pyggml_try_{op.name}(&_guard, _c.op_scratch(c_ctx){sep}{call_args})")
+    out.append(f"    if _c.op_check(c_ctx, _r, &_guard, {op.name!r}):")
+    out.append(f"        _c.op_fail(c_ctx, _r, &_guard, {op.name!r}, {names}, {tvals})")
+    out.append(f"    _r = pyggml_try_{op.name}(&_guard, c_ctx.ptr{sep}{call_args})")
     out.append("    if _r == NULL:")
     out.append(f"        _c.op_lost(&_guard, {op.name!r})")
     for p in tensors:
         none = f"t_{p.name} is not None and " if p.kind == "tensor?" else ""
-        out.append(f"    if {none}t_{p.name}.ctx is not ctx:")
-        out.append(f"        ctx._depend_on(t_{p.name}.ctx)")
-    out.append("    return _c.wrap(ctx, _r)")
+        out.append(f"    if {none}t_{p.name}.ctx is not c_ctx:")
+        out.append(f"        c_ctx._depend_on(t_{p.name}.ctx)")
+    out.append("    return _c.wrap(c_ctx, _r)")
     return "\n".join(out) + "\n"
 
 

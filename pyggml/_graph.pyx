@@ -18,7 +18,7 @@ from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node, need
 cimport pyggml._core as _c
 
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
-                           GraphBusyError, GraphFullError, UpstreamDefect)
+                           GraphBusyError, GraphFullError, InternalError, UpstreamDefect)
 
 from libc.stdlib cimport free
 
@@ -83,25 +83,25 @@ cdef class Graph:
     room for ``size`` nodes and ``size`` leafs.
     """
 
-    def __cinit__(self, Context ctx, size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
+    def __cinit__(self, ctx, size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
         self.ptr = NULL
         memset(&self._seen, 0, sizeof(self._seen))
-        need_open(ctx)
+        cdef Context c = _c.arg_context(ctx, "Graph")
         lsize = _c.index_arg(size, "size", "Graph")
         if not 1 <= lsize <= (1 << 30):
             raise ArgumentError(f"size must be in [1, 2**30], got {size}")
         cdef size_t csize = lsize
         cdef bint cgrads = _c.arg_bool(grads, "grads", "Graph")
         cdef size_t need = ggml_graph_overhead_custom(csize, cgrads)
-        if ggml_used_mem(ctx.ptr) + need > ctx.mem_size:
-            ctx._reserve(need, f"Graph(size={size})")        # raises, naming the size
-        ctx._reserve(need, "Graph")
-        self.ptr = ggml_new_graph_custom(ctx.ptr, csize, cgrads)
-        self.ctx = ctx
+        if ggml_used_mem(c.ptr) + need > c.mem_size:
+            c._reserve(need, f"Graph(size={size})")        # raises, naming the size
+        c._reserve(need, "Graph")
+        self.ptr = ggml_new_graph_custom(c.ptr, csize, cgrads)
+        self.ctx = c
         self.size = csize
         self.grads = cgrads
         self._ctxs = None
-        self._pools = {ctx.pool}
+        self._pools = {c.pool}
         self._epoch = _c.placement_epoch()
 
     def __dealloc__(self):
@@ -295,7 +295,7 @@ cdef class Graph:
         cdef pyggml_guard g
         rc = pyggml_try_build_forward_expand(&g, self.ptr, tensor.ptr, _stack_for(n_added))
         if rc != 1:   # counted and checked above: ggml cannot abort here
-            raise RuntimeError(f"build_forward_expand: ggml failed after pyggml's checks (please report): "
+            raise InternalError(f"build_forward_expand: ggml failed after pyggml's checks (please report): "
                                f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
         if tensor.ptr.op != GGML_OP_NONE:
             # what the caller asked for holds its values after compute, fused or not
@@ -345,7 +345,7 @@ cdef class Graph:
             for c in self._ctxs:
                 if c._holds(p):
                     return wrap(c, p)
-        raise RuntimeError("graph node belongs to no context pyggml knows")
+        raise InternalError("graph node belongs to no context pyggml knows")
 
     # --- the backward pass ---------------------------------------------------------------
 
@@ -400,7 +400,7 @@ cdef class Graph:
         cdef pyggml_guard g
         cdef int rc = pyggml_try_build_backward_expand(&g, ctx.ptr, self.ptr, _stack_for(self.size))
         if rc != 1:
-            raise RuntimeError(f"build_backward_expand: ggml failed after a clean scratch run (please report): "
+            raise InternalError(f"build_backward_expand: ggml failed after a clean scratch run (please report): "
                                f"{g.message.decode('utf-8', 'replace') if rc == 0 else f'errno {-rc}'}")
         # the gradients (in ctx) point into every context the forward graph reaches
         ctx._depend_on(self.ctx)

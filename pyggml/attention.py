@@ -17,7 +17,7 @@ from pyggml._core import MEM_ALIGN, Context, Tensor, Type
 from pyggml._fab import flash_attn_back, flash_attn_back_offsets
 from pyggml._graph import Graph
 from pyggml._ops_layout import view_4d
-from pyggml.errors import ArgumentError, GGMLTypeError
+from pyggml.errors import ArgumentError, GGMLTypeError, UnsupportedOpError
 
 __all__ = ["KERNELS", "attention_backward", "attention_backward_node", "flash_attn_back_grad_tensors",
            "flash_attn_back_grads", "flash_attn_ext_backward"]
@@ -281,28 +281,35 @@ def flash_attn_ext_backward(q, k, v, d, *, scale=None, masked=False, mapping="gr
     mapping : ``"group"`` (flash_attn_ext's: query head h uses kv head ``h // (H/KVH)``)
         or ``"tile"`` (``h % KVH``, the kernel's own): the heads are reordered for it.
 
-    What the kernel does not cover raises NotImplementedError, by name: an arbitrary
-    ``mask`` array, ALiBi (``max_bias`` != 0), ``logit_softcap`` != 0, and a v head
-    size other than q's.
+    What the kernel does not cover raises UnsupportedOpError (a NotImplementedError), by
+    name: an arbitrary ``mask`` array, ALiBi (``max_bias`` != 0), ``logit_softcap`` != 0,
+    and a v head size other than q's.
     """
     if mask is not None:
-        raise NotImplementedError("flash_attn_ext_backward: an arbitrary mask: the FLASH_ATTN_BACK kernel knows "
-                                  "only the causal one (masked=True)")
+        raise UnsupportedOpError("flash_attn_ext_backward: an arbitrary mask: the FLASH_ATTN_BACK kernel knows "
+                                 "only the causal one (masked=True)", op="FLASH_ATTN_BACK")
     if max_bias != 0.0:
-        raise NotImplementedError("flash_attn_ext_backward: ALiBi (max_bias != 0) is not covered by the "
-                                  "FLASH_ATTN_BACK kernel")
+        raise UnsupportedOpError("flash_attn_ext_backward: ALiBi (max_bias != 0) is not covered by the "
+                                 "FLASH_ATTN_BACK kernel", op="FLASH_ATTN_BACK")
     if logit_softcap != 0.0:
-        raise NotImplementedError("flash_attn_ext_backward: logit_softcap != 0 is not covered by the "
-                                  "FLASH_ATTN_BACK kernel")
+        raise UnsupportedOpError("flash_attn_ext_backward: logit_softcap != 0 is not covered by the "
+                                 "FLASH_ATTN_BACK kernel", op="FLASH_ATTN_BACK")
     if mapping not in ("group", "tile"):
         raise ArgumentError(f"mapping must be 'group' or 'tile', not {mapping!r}")
     if kernel not in KERNELS:
         raise ArgumentError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, not {kernel!r}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("d", d)):
+        if not isinstance(x, np.ndarray):
+            raise GGMLTypeError(f"{name} must be a numpy.ndarray, not {type(x).__name__}")
+        if x.dtype not in (np.float32, np.float16):
+            raise GGMLTypeError(f"{name} must be float32 or float16, not {x.dtype}")
+        if x.ndim not in (2, 3, 4):
+            raise ArgumentError(f"{name} must have 2, 3 or 4 dims, got {x.ndim}")
     q32, d32 = (np.ascontiguousarray(x, np.float32) for x in (q, d))
     k32, v32 = (np.asarray(x).astype(np.float32, copy=False) for x in (k, v))
     if np.shape(v32)[-1] != np.shape(q32)[-1]:
-        raise NotImplementedError(f"flash_attn_ext_backward: v's head size {np.shape(v32)[-1]} differs from q's "
-                                  f"{np.shape(q32)[-1]}; both kernels need them equal")
+        raise UnsupportedOpError(f"flash_attn_ext_backward: v's head size {np.shape(v32)[-1]} differs from q's "
+                                 f"{np.shape(q32)[-1]}; both kernels need them equal", op="FLASH_ATTN_BACK")
     D = q32.shape[-1]
     c = 1.0 if scale is None else float(scale) * float(np.sqrt(D))
     if not np.isfinite(c) or c == 0.0:

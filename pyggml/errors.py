@@ -14,10 +14,12 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     ├── GGMLAbort (ValueError)              ggml itself would abort: .ggml_message is its message
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
+    ├── UnsupportedOpError (NotImplementedError)  a backend (or kernel) cannot compute this node
     ├── InUseError (RuntimeError)           close() or re-entry of what a compute, scheduler or optimizer uses
     │   └── GraphBusyError                  another thread computes (or builds) this graph
     ├── UnsafeForkError (RuntimeError)      threads requested where a fork left OpenMP unusable
-    └── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
+    ├── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
+    └── InternalError (RuntimeError)        pyggml broke one of its own invariants: please report
 
 No code in pyggml tells errors apart by their text: it catches these classes.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InUseError",
-    "KernelPreconditionError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
+    "InternalError", "KernelPreconditionError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
 ]
 
 
@@ -123,3 +125,9 @@ class ComputeError(GGMLError, RuntimeError):
     def __init__(self, message: str, status: str = ""):
         super().__init__(message)
         self.status = status
+
+
+class InternalError(GGMLError, RuntimeError):
+    """pyggml found one of its own invariants broken (ggml failed after pyggml's checks
+    passed, a node of no known context, a size that disagrees with itself): a bug in
+    pyggml or a ggml it does not know. The message says what; please report it."""

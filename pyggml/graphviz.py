@@ -17,7 +17,7 @@ import struct
 import subprocess
 from typing import TYPE_CHECKING
 
-from pyggml.errors import ArgumentError
+from pyggml.errors import ArgumentError, GGMLTypeError
 
 if TYPE_CHECKING:
     from pyggml import Graph, Tensor
@@ -135,17 +135,21 @@ def to_svg(graph: Graph) -> str:
     out = subprocess.run([_dot_program(), "-Tsvg"], input=to_dot(graph), capture_output=True, text=True,
                          check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"dot -Tsvg failed: {out.stderr.strip()}")
+        raise ArgumentError(f"dot -Tsvg failed: {out.stderr.strip()}")
     return out.stdout
 
 
 def draw(graph: Graph, path: str | os.PathLike[str], format: str | None = None) -> None:
     """Write a picture of the graph to ``path``; ``format`` (``svg``, ``png``, ``pdf``,
     ...; default: the path's suffix) as Graphviz's ``dot -T`` takes it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise GGMLTypeError(f"draw: path must be a str or os.PathLike, not {type(path).__name__}")
+    if format is not None and not isinstance(format, str):
+        raise GGMLTypeError(f"draw: format must be a str or None, not {type(format).__name__}")
     fmt = format or os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
     if not fmt:
         raise ArgumentError("draw: give a path with a suffix (.svg, .png, ...) or format=")
     out = subprocess.run([_dot_program(), f"-T{fmt}", "-o", os.fspath(path)], input=to_dot(graph),
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"dot -T{fmt} failed: {out.stderr.strip()}")
+        raise ArgumentError(f"dot -T{fmt} failed (is {fmt!r} a format dot writes?): {out.stderr.strip()}")

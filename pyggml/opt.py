@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from pyggml._backend import Scheduler
 from pyggml._opt import LOSSES, OPTIMIZERS, Dataset, Optimizer, Result
-from pyggml.errors import ArgumentError
+from pyggml.errors import ArgumentError, GGMLTypeError
 
 __all__ = ["LOSSES", "OPTIMIZERS", "Dataset", "Epoch", "Optimizer", "Result", "Scheduler", "fit"]
 
@@ -38,8 +38,16 @@ def fit(opt: Optimizer, dataset: Dataset, nepoch: int, val_split: float = 0.0,
     :class:`Epoch` per epoch."""
     if type(nepoch) is not int or nepoch < 1:
         raise ArgumentError(f"fit: nepoch must be an int >= 1, got {nepoch!r}")
-    if not 0.0 <= val_split < 1.0:
+    if type(val_split) not in (int, float) or not 0.0 <= val_split < 1.0:
         raise ArgumentError(f"fit: val_split must be in [0, 1), got {val_split!r}")
+    if not isinstance(opt, Optimizer):
+        raise GGMLTypeError(f"fit: opt must be a pyggml.opt.Optimizer, not {type(opt).__name__}")
+    if not isinstance(dataset, Dataset):
+        raise GGMLTypeError(f"fit: dataset must be a pyggml.opt.Dataset, not {type(dataset).__name__}")
+    if params is not None and not callable(params) and not isinstance(params, dict):
+        raise GGMLTypeError(f"fit: params must be a dict, a callable or None, not {type(params).__name__}")
+    if callback is not None and not callable(callback):
+        raise GGMLTypeError(f"fit: callback must be callable or None, not {type(callback).__name__}")
     batch = opt.batch_size
     nbatches = dataset.ndata // batch
     idata_split = int((1.0 - val_split) * nbatches) * batch

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyggml.errors import ArgumentError
+
 __all__ = ["attention_forward", "attention_backward", "kv_heads", "nmse"]
 
 
 def kv_heads(H: int, KVH: int, mapping: str = "tile") -> np.ndarray:
     """The kv head that each of the ``H`` query heads uses."""
     if H % KVH:
-        raise ValueError(f"H={H} must be a multiple of KVH={KVH}")
+        raise ArgumentError(f"H={H} must be a multiple of KVH={KVH}")
     h = np.arange(H)
     if mapping == "tile":
         return h % KVH
     if mapping == "group":
         return h // (H // KVH)
-    raise ValueError(f"mapping must be 'tile' or 'group', not {mapping!r}")
+    raise ArgumentError(f"mapping must be 'tile' or 'group', not {mapping!r}")
 
 
 def _causal(N: int, M: int) -> np.ndarray:

@@ -33,3 +33,148 @@ def test_fit_raises_ggml_errors(kw, match):
     with pytest.raises(ArgumentError, match=match) as info:
         opt.fit(None, None, **kw)
     assert isinstance(info.value, ValueError)
+
+
+# --- the tree the docs draw is the tree of the classes ------------------------------------
+
+import inspect
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyggml.errors as errors
+
+ROOT = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"^(?P<indent>[│ ]*)(?:[├└]── )?(?P<name>[A-Za-z]+)(?: \((?P<builtin>[A-Za-z]+)\))?(?:\s|$)")
+
+
+def drawn_tree(text):
+    """{class name: (parent name or None, builtin named in parentheses or None)} from a
+    box-drawing tree that starts at ``GGMLError``."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip() == "GGMLError")
+    base = len(lines[first]) - len(lines[first].lstrip())      # the docstring's indentation
+    out, stack = {}, []
+    for line in lines[first:]:
+        line = line[base:]
+        if not line.strip() or not re.match(r"^[│ ├└A-Z]", line):
+            break
+        m = LINE.match(line)
+        assert m, line
+        depth = len(m["indent"]) // 4 + (0 if line.startswith("GGMLError") else 1)
+        del stack[depth:]
+        out[m["name"]] = (stack[-1] if stack else None, m["builtin"])
+        stack.append(m["name"])
+    return out
+
+
+def class_tree():
+    classes = {n: c for n, c in vars(errors).items() if inspect.isclass(c) and issubclass(c, errors.GGMLError)}
+    out = {}
+    for name, cls in classes.items():
+        ours = [b for b in cls.__bases__ if issubclass(b, errors.GGMLError)]
+        builtin = [b.__name__ for b in cls.__bases__ if not issubclass(b, errors.GGMLError) and b is not Exception]
+        out[name] = (ours[0].__name__ if ours else None, builtin[0] if builtin else None)
+    return out
+
+
+@pytest.mark.parametrize("where", ["errors.py", "README.md"])
+def test_the_drawn_exception_tree_is_the_class_tree(where):
+    text = errors.__doc__ if where == "errors.py" else (ROOT / "README.md").read_text()
+    assert drawn_tree(text) == class_tree()
+    assert sorted(errors.__all__) == sorted(class_tree())
+
+
+def test_every_exception_class_is_a_ggml_error_and_its_builtin():
+    for name, (parent, builtin) in class_tree().items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.GGMLError) and cls.__module__ == "pyggml.errors"
+        if parent is None:
+            assert name == "GGMLError" or builtin, name      # a root class names its builtin
+        assert getattr(pyggml, name) is cls and name in pyggml.__all__    # re-exported, the same class
+
+
+# --- every public entry point, called with bad values, raises only GGMLErrors ----------------
+
+WALK = r'''
+import contextlib, inspect, io, json, re
+import numpy as np
+import pyggml
+from pyggml import opt
+from pyggml.errors import GGMLError
+
+BAD = [None, "bad", object(), -1, 2 ** 70, 1e300, np.zeros((2, 2))]
+# the interpreter's own complaint about the number of arguments is not a bad value
+ARITY = re.compile(r"takes (exactly|at most|at least|no|from) .*arguments?|missing \d+ required|"
+                   r"unexpected keyword|positional arguments? but \d+ (was|were) given|takes no arguments")
+offenders, calls = {}, [0]
+
+def call(name, f, args):
+    calls[0] += 1
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            f(*args)
+    except GGMLError:
+        pass
+    except TypeError as e:
+        if not ARITY.search(str(e)):
+            offenders.setdefault(name, f"TypeError: {e}")
+    except Exception as e:
+        offenders.setdefault(name, f"{type(e).__name__}: {e}")
+
+def arities(f):
+    try:
+        ps = [p for p in inspect.signature(f).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        return [len(ps)]
+    except (TypeError, ValueError):       # a Cython class: no signature; try 1 to 3 arguments
+        return [1, 2, 3]
+
+def walk(name, f):
+    for n in arities(f):
+        for bad in BAD:
+            for i in range(n):
+                call(name, f, [bad if j == i else None for j in range(n)])
+            if n > 1:
+                call(name, f, [bad] * n)
+
+def public(obj):
+    return [n for n in dir(obj) if not n.startswith("_")]
+
+for mod in (pyggml, opt):
+    for n in public(mod):
+        f = getattr(mod, n)
+        if n == "demo" or inspect.ismodule(f) or not callable(f):
+            continue
+        if inspect.isclass(f) and issubclass(f, (BaseException, int)):
+            continue                       # the exception classes; IntEnums (Python's own protocol)
+        walk(f"{mod.__name__}.{n}", f)
+
+with pyggml.Context(1 << 22) as ctx:
+    x = ctx.new_tensor(pyggml.Type.F32, [4, 3])
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(pyggml.sum(ctx, x))
+    cpu = pyggml.Backend("CPU")
+    objects = [ctx, x, g, cpu, pyggml.GraphAllocator(cpu), pyggml.Scheduler([cpu])]
+    for obj in objects:
+        for n in public(obj):
+            m = getattr(obj, n)
+            if callable(m) and n != "close":
+                walk(f"{type(obj).__name__}.{n}", m)
+print(json.dumps({"calls": calls[0], "offenders": offenders}))
+'''
+
+
+def test_the_public_api_raises_only_ggml_errors_on_bad_values():
+    """Every public function, class and method of pyggml and pyggml.opt (and of a live
+    Context, Tensor, Graph, Backend, GraphAllocator and Scheduler), called with each bad
+    value in each argument: whatever it raises is a GGMLError. In a fresh interpreter, so
+    that a crash is a failure with its exit status."""
+    proc = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=600, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["calls"] > 9000                    # the walk reached the op wrappers and the methods
+    assert got["offenders"] == {}

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from pyggml.errors import ArgumentError
+
 from pyggml.parity.model import BAD, VERDICTS, Case, FunctionSubject, Outcome, Row, Subject
 from pyggml.parity.runner import check_case, run_cases, select, summarize
 from pyggml.parity.subjects import all_subjects, register_path, register_subject
@@ -60,6 +62,6 @@ def check(ops: str | Iterable[str] = (), paths: Iterable[str] | None = None, qui
         ops = [ops]
     cases = select(ops, types, quick, seed, probe)
     if not cases:
-        raise ValueError(f"no subject matches {list(ops)}")
+        raise ArgumentError(f"no subject matches {list(ops)}")
     rows, _ = run_cases(cases, paths, workers, probe)
     return rows

@@ -14,7 +14,7 @@ import numpy as np
 
 import pyggml
 from pyggml import Type
-from pyggml.errors import GGMLError, GGMLVersionError, UnsupportedOpError, UpstreamDefect
+from pyggml.errors import ArgumentError, GGMLError, GGMLVersionError, UnsupportedOpError, UpstreamDefect
 from pyggml.opinfo import Arg, OpInfo, Sample, registry
 from pyggml.opinfo import harness
 from pyggml.parity import torch_ops
@@ -277,7 +277,7 @@ def register_path(name: str, compute: Callable[[OpInfo, Sample, int], Any], ops:
     For example another build of ggml, a backend, or a kernel of your own. Register it
     at import time of a module, as with :func:`register_subject`."""
     if not name or name in BUILTIN_PATHS or name.startswith("backend:"):
-        raise ValueError(f"a path needs a name of its own, not one of {', '.join(BUILTIN_PATHS)}")
+        raise ArgumentError(f"a path needs a name of its own, not one of {', '.join(BUILTIN_PATHS)}")
     _USER_PATHS[name] = (compute, tuple(ops) if ops is not None else None)
 
 
@@ -291,7 +291,7 @@ def register_subject(s: Subject) -> Subject:
     it at import time of a module, as multiprocessing's spawn start method re-imports
     the main module). Returns it."""
     if not s.name or not s.paths:
-        raise ValueError("a subject needs a name and at least one path")
+        raise ArgumentError("a subject needs a name and at least one path")
     _USER[s.name] = s
     return s
 
