@@ -251,9 +251,16 @@ def planted(tmp_path, *args, **env):
         (tmp_path / d).mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PLANTED_MARK": str(tmp_path / "mark" / "pid"),
            **{f"PLANTED_{k.upper()}": str(v) for k, v in env.items()}}
+    # SIGINT at its default in the child, as in a terminal's foreground job: a test run that
+    # was started in the background (`cmd &` in a script) inherits SIGINT ignored, and the
+    # child, inheriting that, would rightly ignore the Ctrl-C the tests send
     return subprocess.Popen([PY, str(script), "parity", "--op", "planted_cli", "--workers", "1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_pid(tmp_path, proc, timeout=60):
