@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -257,11 +258,24 @@ REUSE_CHECK = """
 import json, sys, pathlib, pyggml
 root = pathlib.Path(sys.argv[1]) / "pyggml"
 pkg = pathlib.Path(pyggml.__file__).parent
-stale = sorted(p.name for p in root.glob("*.py") if not (pkg / p.name).exists()
-               or (pkg / p.name).read_bytes() != p.read_bytes())
+stale = sorted(name for name in json.loads(sys.argv[2]) if not (pkg / name).exists()
+               or (pkg / name).read_bytes() != (root / name).read_bytes())
 print(json.dumps({"info": pyggml.build_info(), "backends": [d["name"] for d in pyggml.backends()],
                   "stale": stale, "editable": pkg.resolve() == root.resolve()}))
 """
+
+
+def wheel_excludes() -> list[str]:
+    """pyproject.toml's ``tool.scikit-build.wheel.exclude``: the build inputs (``_gen_ops.py``,
+    ...) an installed pyggml does not have."""
+    try:
+        import tomllib
+    except ImportError:                 # Python 3.10: the exclusions as the file writes them
+        text = (ROOT / "pyproject.toml").read_text()
+        m = re.search(r"^wheel\.exclude\s*=\s*\[(.*?)\]", text, re.S | re.M)
+        return re.findall(r'"([^"]+)"', m.group(1)) if m else []
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return list(cfg.get("tool", {}).get("scikit-build", {}).get("wheel", {}).get("exclude", []))
 
 
 def reusable(spec: str, python: Path, step: "Step", env: dict[str, str]) -> str:
@@ -270,7 +284,9 @@ def reusable(spec: str, python: Path, step: "Step", env: dict[str, str]) -> str:
     checkout's sources with the pinned ggml, for this machine's CPU, with no other backend."""
     if normalise_spec(spec) != "vendored":
         return f"only vendored can be reused, not {spec}"
-    proc = step.run([python, "-c", REUSE_CHECK, ROOT], env=env, cwd=python.parent)
+    shipped = [p.name for p in sorted((ROOT / "pyggml").glob("*.py"))
+               if not any(fnmatch.fnmatch(f"pyggml/{p.name}", pat) for pat in wheel_excludes())]
+    proc = step.run([python, "-c", REUSE_CHECK, ROOT, json.dumps(shipped)], env=env, cwd=python.parent)
     if proc.returncode:
         return f"{python} cannot import pyggml"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
