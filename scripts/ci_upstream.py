@@ -372,7 +372,9 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         row["isa"] = isa or "native"
         row["backends"] = [d["name"] for d in build.get("backends", [])]
         row["built"] = True
-        tests = step.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+        # the environment's pytest script, not `python -m pytest`: that would put ROOT (the
+        # source tree, without the compiled modules) first on sys.path
+        tests = step.run([Path(py).parent / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
                          env=env, cwd=ROOT)
         row["tests_ok"] = tests.returncode == 0
         row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
