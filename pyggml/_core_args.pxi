@@ -37,8 +37,11 @@ cdef object arg_instance(object v, type cls, str arg, str op):
 
 
 cdef Context arg_context(object ctx, str op):
-    """An open Context (the first argument of every op wrapper)."""
-    arg_instance(ctx, Context, "ctx", op)
+    """An open Context (the first argument of every op wrapper). The type test is inline,
+    not arg_instance's: with the class known here it compiles to a pointer comparison,
+    where the generic isinstance cost an op call about 10% more."""
+    if type(ctx) is not Context and not isinstance(ctx, Context):
+        raise GGMLTypeError(f"{_where(op)}ctx must be a pyggml.Context, not {type(ctx).__name__}")
     need_open(<Context>ctx)
     return <Context>ctx
 
