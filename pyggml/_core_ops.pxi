@@ -213,6 +213,20 @@ def op_is_checked(op, sub_op=0):
     return bool(pyggml_op_is_checked(index_arg(op, "op", ""), index_arg(sub_op, "sub_op", "")))
 
 
+def rule_entries():
+    """rule_entries() -> [(family, op), ...]: every entry of pyggml's kernel-rule tables, in
+    table order: the family whose ``csrc/rules_<family>.c`` states the rule, and the op it
+    is for, as the op table's ``makes`` column writes it ("ADD", "UNARY:RELU", "GLU:SWIGLU")."""
+    cdef const char * family
+    cdef const char * name
+    cdef int i = 0
+    out = []
+    while pyggml_rule_entry(i, &family, &name):
+        out.append((family.decode(), name.decode()))
+        i += 1
+    return out
+
+
 # --- functions that mark tensors (ggml.h; not graph builders) ----------------------------
 
 cdef uint64_t _F32_F16 = (1 << GGML_TYPE_F32) | (1 << GGML_TYPE_F16)

@@ -5,7 +5,7 @@ Upstream's ggml_flash_attn_back() begins with GGML_ABORT since commit 1a815669
 (2024-05-23), but the CPU kernel for GGML_OP_FLASH_ATTN_BACK still runs. pyggml
 builds the node as the seed (upstream's builder just before that commit) did. The
 seed's GGML_ASSERTs are checked here; the kernel's own preconditions, including the
-known batch+GQA defect, by the FLASH_ATTN_BACK rule of csrc/rules_core.c.
+known batch+GQA defect, by the FLASH_ATTN_BACK rule of csrc/rules_backward.c.
 """
 
 from libc.stdint cimport int64_t, uint8_t

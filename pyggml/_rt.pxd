@@ -31,6 +31,7 @@ cdef extern from "pyggml_rt.h" nogil:
     void pyggml_checks_init()
     int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
     int pyggml_op_is_checked(int op, int sub_op)
+    int pyggml_rule_entry(int i, const char ** family, const char ** name)
     int pyggml_checks_set_enabled(int enabled)
     int pyggml_checks_enabled()
     void pyggml_set_fab_batch_gqa_fixed(int fixed)

@@ -460,13 +460,3 @@ def test_lightning_indexer_k_rows_of_part_of_a_block():
                                    np.zeros((1, 1, 2, 4)))
     out = compute_unchecked(build)
     assert np.abs(ref).max() > 1 and not np.allclose(out.reshape(ref.shape), ref, atol=1e-3)
-
-
-# --- ops whose builders assert everything their kernels need ------------------------------
-
-
-@pytest.mark.parametrize("op", ["SOLVE_TRI", "DSV4_HC_COMB", "DSV4_HC_PRE", "DSV4_HC_POST", "SSM_CONV", "SSM_SCAN",
-                                "RWKV_WKV6", "RWKV_WKV7", "GATED_LINEAR_ATTN", "GATED_DELTA_NET",
-                                "LIGHTNING_INDEXER"])
-def test_every_recurrent_op_has_a_rule(op):
-    assert pyggml._core.op_is_checked(pyggml.Op[op])

@@ -46,6 +46,26 @@ const char * pg_type(const struct ggml_tensor * t) {
     return t == NULL ? "NULL" : ggml_type_name(t->type);
 }
 
+/* --- shared rules: kernel templates that ops of several families instantiate --------------- */
+
+/* unary-ops.cpp unary_op/apply_unary_op: F32, F16, BF16 alike, or F16/BF16 -> F32;
+ * src0 and dst rows contiguous */
+int pg_rule_unary(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    if (ggml_is_empty(t)) {
+        return PYGGML_OK;          /* ggml_compute_forward skips empty nodes */
+    }
+    int ok = (a->type == t->type && pg_is_float(a->type)) ||
+             (t->type == GGML_TYPE_F32 && (a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16));
+    if (!ok) {
+        return pg_refuse_type(why, "the CPU kernel does not take src0 %s with result %s", pg_type(a), pg_type(t));
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    PG_NEED_ROWS(t, "the result", why);
+    return PYGGML_OK;
+}
+
 /* --- the op -> rule table, built from the linked ggml's op names --------------------------- */
 
 #define MAX_OPS 256
@@ -59,6 +79,20 @@ static int initialized;
 static int rules_enabled = 1;
 
 static const pg_named_rule * const tables[] = {PG_RULE_TABLES, NULL};
+static const char * const families[] = {PG_RULE_FAMILIES, NULL};   /* tables[k] is rules_<families[k]>.c's */
+
+int pyggml_rule_entry(int i, const char ** family, const char ** name) {
+    for (int k = 0; tables[k] != NULL; k++) {
+        for (const pg_named_rule * r = tables[k]; r->name != NULL; r++) {
+            if (i-- == 0) {
+                *family = families[k];
+                *name = r->name;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
 
 /* "ADD", "UNARY:RELU" or "GLU:SWIGLU" -> the slot of the linked ggml's op of that name */
 static pg_rule * slot_of(const char * name) {

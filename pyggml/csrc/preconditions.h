@@ -37,10 +37,9 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
 #endif
     ;
 
-/* shared rules (rules_core.c), for other families to reuse for ops whose kernels share
- * the same template: */
-int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* binary-ops.cpp binary_op */
-int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* unary-ops.cpp unary_op */
+/* rules that several ops share because their kernels are one template: */
+int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* rules_arith.c: binary-ops.cpp binary_op */
+int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* preconditions.c: unary-ops.cpp unary_op */
 int pg_rule_rope(const struct ggml_tensor * t, pg_why * why);    /* rules_attention.c: ops.cpp rope (ROPE_BACK too) */
 
 /* predicates over one tensor */

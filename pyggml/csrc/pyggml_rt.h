@@ -208,6 +208,9 @@ PYGGML_RT_API void pyggml_set_fab_batch_gqa_fixed(int fixed);
 PYGGML_RT_API int pyggml_checks_enabled(void);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
+/* The i-th entry of the rule tables (0, 1, ... until it returns 0): the family whose
+ * csrc/rules_<family>.c defines it and the op it is for ("ADD", "UNARY:RELU", "GLU:SWIGLU") */
+PYGGML_RT_API int pyggml_rule_entry(int i, const char ** family, const char ** name);
 
 /* --- backends (backend.c) ------------------------------------------------------------ */
 struct ggml_gallocr;

@@ -1,5 +1,5 @@
-/* Kernel rules for the [arith] family beyond rules_core.c's binary ops and SCALE:
- * ADD_ID, ADD1, ACC, CLAMP, FILL. Each cites the ggml-cpu/ops.cpp function it mirrors. */
+/* Kernel rules for the [arith] family: ADD, SUB, MUL, DIV (pg_rule_binary, which
+ * other families may reuse), SCALE, ADD_ID, ADD1, ACC, CLAMP, FILL. Each cites the ggml-cpu/ops.cpp function it mirrors. */
 #include "rules.h"
 
 /* ggml_compute_forward_add_id_f32: all F32 but ids (I32); rows of src0, src1 and dst
@@ -117,11 +117,69 @@ static int rule_fill(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+/* binary-ops.cpp binary_op/apply_binary_op (ADD, SUB, MUL, DIV of non-quantized a):
+ * the type triples it instantiates, dst and src0 rows contiguous; src1 any stride.
+ * ops.cpp ggml_compute_forward_add: a quantized src0 goes to add_q_f32 (same shapes,
+ * src1 F32, dst of src0's type or F32). */
+int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * b = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    enum ggml_type ta = a->type, tb = b->type, td = t->type;
+    if (t->op == GGML_OP_ADD && ggml_is_quantized(ta)) {
+        /* ggml_compute_forward_add_q_f32 */
+        if (!ggml_are_same_shape(a, b) || !ggml_are_same_shape(a, t)) {
+            return pg_refuse(why, "a quantized src0 (%s) needs src1 and the result of its shape", pg_type(a));
+        }
+        if (tb != GGML_TYPE_F32 || (td != ta && td != GGML_TYPE_F32)) {
+            return pg_refuse_type(why, "a quantized src0 (%s) needs an F32 src1 and a result of its own type "
+                             "or F32, got src1 %s, result %s", pg_type(a), pg_type(b), pg_type(t));
+        }
+        PG_NEED_ROWS(a, "src0", why);
+        PG_NEED_ROWS(b, "src1", why);
+        PG_NEED_ROWS(t, "the result", why);
+        return PYGGML_OK;
+    }
+    int ok = (ta == tb && tb == td && pg_is_float(ta)) ||
+             (tb == GGML_TYPE_F32 && (ta == GGML_TYPE_F16 || ta == GGML_TYPE_BF16) &&
+              (td == ta || td == GGML_TYPE_F32));
+    if (!ok) {
+        return pg_refuse_type(why, "the CPU kernel does not take src0 %s, src1 %s, result %s "
+                         "(it takes F32/F16/BF16 alike, or F16/BF16 with F32 src1)",
+                         pg_type(a), pg_type(b), pg_type(t));
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    PG_NEED_ROWS(t, "the result", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_scale_f32: F32; src0 and dst contiguous; it walks rows
+ * with nb[1] only, so dims of size 1 must not carry odd strides (ggml_is_padded_1d) */
+static int rule_scale(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    PG_NEED_CONTIGUOUS(a, "src0", why);
+    PG_NEED_CONTIGUOUS(t, "the result", why);
+    if (!(a->nb[2] == a->nb[1] * a->ne[1] && a->nb[3] == a->nb[2] * a->ne[2])) {
+        return pg_refuse(why, "src0 must have packed rows (nb[2] = nb[1]*ne[1], nb[3] = nb[2]*ne[2]): the "
+                         "kernel walks rows with nb[1] only; got nb=(%zu, %zu, %zu, %zu)",
+                         a->nb[0], a->nb[1], a->nb[2], a->nb[3]);
+    }
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_arith[] = {
     {"ADD_ID", rule_add_id},
     {"ADD1", rule_add1},
     {"ACC", rule_acc},
     {"CLAMP", rule_clamp},
     {"FILL", rule_fill},
+    {"ADD", pg_rule_binary},
+    {"SUB", pg_rule_binary},
+    {"MUL", pg_rule_binary},
+    {"DIV", pg_rule_binary},
+    {"SCALE", rule_scale},
     {NULL, NULL},
 };

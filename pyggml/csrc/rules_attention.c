@@ -1,5 +1,5 @@
 /* Kernel rules for the [attention] family: rope (every mode), flash_attn_ext, get_rel_pos,
- * add_rel_pos. (soft_max and diag_mask have their rules in rules_core.c.)
+ * add_rel_pos, soft_max, diag_mask.
  * Each rule cites the ggml-cpu function whose assertions, type switch and silent
  * assumptions it mirrors. */
 #include "rules.h"
@@ -230,10 +230,65 @@ static int rule_add_rel_pos(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+/* ops.cpp ggml_compute_forward_soft_max_f32: F32 src0 and dst, contiguous (a row of one
+ * element may carry any nb[0]: the kernel reads rows with nb[1]); an optional mask src1
+ * of F32 or F16 with contiguous rows; optional sinks src2, F32, read as a contiguous
+ * array (sk[i02]) */
+static int rule_soft_max(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * m = t->src[1];
+    const struct ggml_tensor * sinks = t->src[2];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    if (!(ggml_is_contiguous(a) && (a->ne[0] == 1 || pg_rows_contiguous(a)))) {
+        PG_NEED_CONTIGUOUS(a, "src0", why);
+    }
+    if (!(ggml_is_contiguous(t) && (t->ne[0] == 1 || pg_rows_contiguous(t)))) {
+        PG_NEED_CONTIGUOUS(t, "the result", why);
+    }
+    if (m != NULL) {
+        PG_NEED_TYPE(m, "the mask (src1)", m->type == GGML_TYPE_F32 || m->type == GGML_TYPE_F16, why);
+        PG_NEED_ROWS(m, "the mask (src1)", why);
+    }
+    if (sinks != NULL) {
+        PG_NEED_TYPE(sinks, "the sinks (src2)", sinks->type == GGML_TYPE_F32, why);
+        PG_NEED_CONTIGUOUS(sinks, "the sinks (src2)", why);
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_diag_mask_f32: F32, n_past >= 0 (op_params[0]); out of
+ * place it memcpys a contiguous src0 into a contiguous dst; then it walks dst's rows
+ * with k*nb[2] over all ne2*ne3 slices, so dims 2 and 3 must be packed (nb[3] =
+ * nb[2]*ne[2]) -- unit dims with odd strides are refused too (found by fuzzing) */
+static int rule_diag_mask(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    if (t->op_params[0] < 0) {
+        return pg_refuse(why, "n_past must be >= 0, got %d", t->op_params[0]);
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    PG_NEED_ROWS(t, "the result", why);
+    const int inplace = t->view_src != NULL;       /* ggml_diag_mask_*_inplace: a view of src0 */
+    if (!inplace) {
+        PG_NEED_CONTIGUOUS(a, "src0", why);
+        PG_NEED_CONTIGUOUS(t, "the result", why);
+    }
+    if (t->ne[3] > 1 && t->nb[3] != t->nb[2] * (size_t) t->ne[2]) {
+        return pg_refuse(why, "the result's dims 2 and 3 must be packed (nb[3] = nb[2]*ne[2]): the kernel walks "
+                         "them with nb[2] only; got nb=(%zu, %zu, %zu, %zu)", t->nb[0], t->nb[1], t->nb[2], t->nb[3]);
+    }
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_attention[] = {
     {"ROPE", pg_rule_rope},
     {"FLASH_ATTN_EXT", rule_flash_attn_ext},
     {"GET_REL_POS", rule_get_rel_pos},
     {"ADD_REL_POS", rule_add_rel_pos},
+    {"SOFT_MAX", rule_soft_max},
+    {"DIAG_MASK_INF", rule_diag_mask},
+    {"DIAG_MASK_ZERO", rule_diag_mask},
     {NULL, NULL},
 };

@@ -1,8 +1,7 @@
 /* Kernel rules for the [backward] family: the gradient ops that ggml's autodiff
  * (ggml_compute_backward in ggml.c) inserts into graphs, also bound as builders:
  * REPEAT_BACK, SILU_BACK, RMS_NORM_BACK, GET_ROWS_BACK, SOFT_MAX_BACK, ROPE_BACK,
- * IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK (FLASH_ATTN_BACK's rule is in
- * rules_core.c). Each rule cites the ggml-cpu function whose assertions, type switch and
+ * IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK, and FLASH_ATTN_BACK. Each rule cites the ggml-cpu function whose assertions, type switch and
  * silent assumptions it mirrors. Most of these builders check nothing: the rules carry
  * the shape and type contracts the kernels rely on; what a builder does assert, or
  * makes true of the result it creates (its type, contiguity, shape), is not repeated. */
@@ -259,6 +258,39 @@ static int rule_cross_entropy_loss_back(const struct ggml_tensor * t, pg_why * w
     return PYGGML_OK;
 }
 
+/* FLASH_ATTN_BACK's F32 CPU kernel (ggml-cpu/ops.cpp): all F32, q/k/v rows contiguous,
+ * M >= N, int-sized loops; batch + GQA overruns the result (a known upstream defect) */
+static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
+    for (int i = 0; i < 4; i++) {
+        PG_NEED_SRC(t, i, why);
+        if (t->src[i]->type != GGML_TYPE_F32) {
+            return pg_refuse_type(why, "src%d must be F32, got %s", i, pg_type(t->src[i]));
+        }
+        if (ggml_nelements(t->src[i]) == 0) {
+            return pg_refuse(why, "src%d is empty", i);
+        }
+    }
+    const struct ggml_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2];
+    if (k->ne[1] < q->ne[1]) {
+        return pg_refuse(why, "M=%lld keys must be >= N=%lld queries (the kernel asserts P = M - N >= 0)",
+                         (long long) k->ne[1], (long long) q->ne[1]);
+    }
+    PG_NEED_ROWS(q, "q (src0)", why);
+    PG_NEED_ROWS(k, "k (src1)", why);
+    PG_NEED_ROWS(v, "v (src2)", why);
+    const int64_t lim = 2147483647 / 2;
+    if (q->ne[0] > lim || q->ne[1] > lim || k->ne[1] > lim || q->ne[2] > lim || k->ne[2] * q->ne[3] > lim) {
+        return pg_refuse(why, "shapes too large for the kernel's int indices");
+    }
+    if (q->ne[3] > 1 && k->ne[2] < q->ne[2] && !pg_fab_batch_gqa_fixed()) {
+        why->defect = "fab-batch-gqa-oob";
+        return pg_refuse(why, "ne3=%lld > 1 with kvne2=%lld < ne2=%lld: the kernel strides grad_k and grad_v "
+                         "over ne3 with q's ne2 and writes past its result",
+                         (long long) q->ne[3], (long long) k->ne[2], (long long) q->ne[2]);
+    }
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_backward[] = {
     {"REPEAT_BACK", rule_repeat_back},
     {"SILU_BACK", rule_silu_back},
@@ -269,5 +301,6 @@ const pg_named_rule pg_rules_backward[] = {
     {"IM2COL_BACK", rule_im2col_back},
     {"POOL_2D_BACK", rule_pool_2d_back},
     {"CROSS_ENTROPY_LOSS_BACK", rule_cross_entropy_loss_back},
+    {"FLASH_ATTN_BACK", rule_flash_attn_back},
     {NULL, NULL},
 };

@@ -1,7 +1,8 @@
 /* Kernel rules for the [conv] family: IM2COL, IM2COL_3D, COL2IM_1D, CONV_2D, CONV_3D,
  * CONV_2D_DW, CONV_TRANSPOSE_1D, CONV_TRANSPOSE_2D, POOL_1D, POOL_2D, UPSCALE,
  * TIMESTEP_EMBEDDING. The composite builders (conv_1d, conv_2d, conv_2d_dw, conv_3d, ...)
- * add MUL_MAT, RESHAPE, PERMUTE and CONT nodes: rules_core.c checks those.
+ * add MUL_MAT, RESHAPE, PERMUTE and CONT nodes: the rules of
+ * their own families (rules_matmul.c, rules_layout.c) check those.
  *
  * Each rule cites the ggml-cpu/ops.cpp function it mirrors. Strides, paddings and
  * dilations of any sign are safe where a kernel bounds-checks every input coordinate

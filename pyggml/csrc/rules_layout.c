@@ -1,6 +1,6 @@
 /* Kernel rules for the [layout] family: concat, get_rows, set_rows, set, diag, pad,
- * pad_reflect_1d, roll, tri, arange, win_part, win_unpart, and the copies DUP/CONT/CPY.
- * (REPEAT and the views have their rules in rules_core.c.)
+ * pad_reflect_1d, roll, tri, arange, win_part, win_unpart, the copies DUP/CONT/CPY,
+ * REPEAT, the views (VIEW, RESHAPE, PERMUTE, TRANSPOSE) and NONE, the op of a leaf.
  * Each rule cites the ggml-cpu function (ggml-cpu/ops.cpp) whose assertions, type
  * switch and silent assumptions it mirrors. */
 #include "rules.h"
@@ -486,6 +486,72 @@ static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
     return pg_refuse_type(why, "the CPU kernel does not copy %s to %s", pg_type(a), pg_type(t));
 }
 
+/* ops whose kernel does nothing (views share their source's data) */
+static int rule_noop(const struct ggml_tensor * t, pg_why * why) {
+    (void) t;
+    (void) why;
+    return PYGGML_OK;
+}
+
+/* VIEW: no kernel, but every consumer reads through it. ggml_view_impl checks only that a
+ * contiguous block of the view's size fits its source; pyggml also requires that the
+ * last element the strides reach lies inside the source's data (no view reaches foreign
+ * memory), and that the offset and row strides are multiples of the element (block) size
+ * (kernels load elements at those addresses: a misaligned float load is undefined). */
+/* A quantized tensor's rows hold whole blocks: ggml_row_size asserts it, but only in
+ * debug builds; ggml_nbytes (and every kernel) divides ne[0] by the block size. */
+static int need_whole_blocks(const struct ggml_tensor * t, pg_why * why) {
+    const int64_t qk = ggml_blck_size(t->type);
+    if (qk > 1 && t->ne[0] % qk != 0) {
+        return pg_refuse(why, "a %s view or reshape needs rows of whole blocks of %lld elements, got ne[0] = %lld",
+                         pg_type(t), (long long) qk, (long long) t->ne[0]);
+    }
+    return PYGGML_OK;
+}
+
+static int rule_reshape(const struct ggml_tensor * t, pg_why * why) {
+    return need_whole_blocks(t, why);
+}
+
+static int rule_view(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * base = t->view_src;
+    const int blocks = need_whole_blocks(t, why);
+    if (blocks != PYGGML_OK) {
+        return blocks;
+    }
+    if (base == NULL || ggml_nelements(t) == 0) {
+        return PYGGML_OK;
+    }
+    const size_t ts = ggml_type_size(t->type);
+    if (t->view_offs % ts != 0 || t->nb[1] % ts != 0 || t->nb[2] % ts != 0 || t->nb[3] % ts != 0) {
+        return pg_refuse(why, "offset %zu and strides nb=(%zu, %zu, %zu, %zu) must be multiples of the "
+                         "%zu-byte %s element", t->view_offs, t->nb[0], t->nb[1], t->nb[2], t->nb[3], ts,
+                         pg_type(t));
+    }
+    const size_t end = t->view_offs + ggml_nbytes(t);
+    if (end > ggml_nbytes(base)) {
+        return pg_refuse(why, "the view reaches byte %zu of its source, which has %zu bytes "
+                         "(offset %zu, ne=(%lld, %lld, %lld, %lld), nb=(%zu, %zu, %zu, %zu))",
+                         end, ggml_nbytes(base), t->view_offs, (long long) t->ne[0], (long long) t->ne[1],
+                         (long long) t->ne[2], (long long) t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3]);
+    }
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_repeat: F32/I32 (as 4 bytes), F16/BF16/I16 (as 2 bytes);
+ * the element copies read src0 rows contiguously */
+static int rule_repeat(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    enum ggml_type ty = a->type;
+    PG_NEED_TYPE(a, "src0", pg_is_float(ty) || ty == GGML_TYPE_I32 || ty == GGML_TYPE_I16, why);
+    PG_NEED_ROWS(a, "src0", why);
+    if (!ggml_can_repeat(a, t)) {
+        return pg_refuse(why, "src0 cannot be repeated to the result's shape");
+    }
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_layout[] = {
     {"DUP", rule_dup},
     {"CONT", rule_dup},
@@ -502,5 +568,11 @@ const pg_named_rule pg_rules_layout[] = {
     {"ARANGE", rule_arange},
     {"WIN_PART", rule_win_part},
     {"WIN_UNPART", rule_win_unpart},
+    {"NONE", rule_noop},
+    {"VIEW", rule_view},
+    {"RESHAPE", rule_reshape},
+    {"PERMUTE", rule_noop},
+    {"TRANSPOSE", rule_noop},
+    {"REPEAT", rule_repeat},
     {NULL, NULL},
 };

@@ -1,6 +1,5 @@
-/* Kernel rules for the [matmul] family: MUL_MAT_ID and OUT_PROD (MUL_MAT's rule is in
- * rules_core.c). Each rule cites the ggml-cpu function whose assertions, type switch and
- * silent assumptions it mirrors; what the builders assert already (ggml_mul_mat_id:
+/* Kernel rules for the [matmul] family: MUL_MAT, MUL_MAT_ID and OUT_PROD. Each rule cites
+ * the ggml-cpu function whose assertions, type switch and silent assumptions it mirrors; what the builders assert already (ggml_mul_mat_id:
  * I32 ids, shapes; ggml_out_prod: shapes, an F32 result) is not repeated. */
 #include "rules.h"
 
@@ -75,8 +74,36 @@ static int rule_out_prod(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+/* ggml-cpu.c ggml_compute_forward_mul_mat: src0 rows contiguous and not transposed, a
+ * vec_dot for src0's type; src1 F32 or src0's vec_dot_type (supports_op), rows
+ * contiguous; dst F32 with nb0 <= nb1 <= nb2 <= nb3 */
+static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    const struct ggml_tensor * b = t->src[1];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_SRC(t, 1, why);
+    const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(a->type);
+    if (tr == NULL || tr->vec_dot == NULL) {
+        return pg_refuse_type(why, "the CPU kernel has no dot product for src0 of type %s", pg_type(a));
+    }
+    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type) {
+        return pg_refuse_type(why, "src1 must be F32 or %s (the vec_dot type of src0's %s), got %s",
+                         ggml_type_name(tr->vec_dot_type), pg_type(a), pg_type(b));
+    }
+    if (ggml_is_transposed(a)) {
+        return pg_refuse(why, "src0 must not be transposed (nb[0] > nb[1]); use cont()");
+    }
+    PG_NEED_ROWS(a, "src0", why);
+    PG_NEED_ROWS(b, "src1", why);
+    if (!(t->nb[0] == sizeof(float) && t->nb[0] <= t->nb[1] && t->nb[1] <= t->nb[2] && t->nb[2] <= t->nb[3])) {
+        return pg_refuse(why, "the result must be F32 with increasing strides");
+    }
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_matmul[] = {
     {"MUL_MAT_ID", rule_mul_mat_id},
     {"OUT_PROD", rule_out_prod},
+    {"MUL_MAT", rule_mul_mat},
     {NULL, NULL},
 };

@@ -1,5 +1,5 @@
-/* Kernel rules for the [reduce] family: SUM_ROWS, CUMSUM, ARGMAX, COUNT_EQUAL, ARGSORT,
- * TOP_K (SUM and MEAN are in rules_core.c). Each rule cites the ggml-cpu function
+/* Kernel rules for the [reduce] family: SUM, MEAN, SUM_ROWS, CUMSUM, ARGMAX, COUNT_EQUAL,
+ * ARGSORT, TOP_K. Each rule cites the ggml-cpu function
  * (ggml-cpu/ops.cpp) whose assertions and type switch it mirrors.
  *
  * ggml_compute_forward (ggml-cpu.c) skips a node whose result is empty, so a rule
@@ -158,6 +158,25 @@ static int rule_top_k(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+/* ops.cpp ggml_compute_forward_sum: F32, F16, BF16; rows read contiguously (an
+ * assert compiled out in release builds: other strides give wrong sums) */
+static int rule_sum(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_TYPE(a, "src0", pg_is_float(a->type), why);
+    PG_NEED_ROWS(a, "src0", why);
+    return PYGGML_OK;
+}
+
+/* ops.cpp ggml_compute_forward_mean: F32; rows read contiguously */
+static int rule_mean(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0];
+    PG_NEED_SRC(t, 0, why);
+    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    PG_NEED_ROWS(a, "src0", why);
+    return PYGGML_OK;
+}
+
 const pg_named_rule pg_rules_reduce[] = {
     {"SUM_ROWS", rule_sum_rows},
     {"CUMSUM", rule_cumsum},
@@ -165,5 +184,7 @@ const pg_named_rule pg_rules_reduce[] = {
     {"COUNT_EQUAL", rule_count_equal},
     {"ARGSORT", rule_argsort},
     {"TOP_K", rule_top_k},
+    {"SUM", rule_sum},
+    {"MEAN", rule_mean},
     {NULL, NULL},
 };
