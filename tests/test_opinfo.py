@@ -5,8 +5,10 @@ The default run takes every sample of every type each OpInfo declares; the gradi
 check runs on the F32 samples of ops with a backward in ggml (the first few).
 """
 
+import dataclasses
 import math
 import os
+import warnings
 import zlib
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 import pyggml
 from pyggml import _optable
 from pyggml.opinfo import registry
-from pyggml.opinfo.harness import grad_check, run
+from pyggml.opinfo.harness import compute, grad_check, run
 
 REG = registry()
 # samples are drawn from seeds fixed per op and type; PYGGML_SEED picks another set
@@ -90,3 +92,48 @@ def test_autodiff_matches_central_differences(info, sample):
     bad = {i: e for i, e in errs.items() if not e <= info.grad_tol}
     assert not bad, f"{info.op} {sample.name}: gradient NMSE {bad} > {info.grad_tol:.0e}"
     assert all(math.isfinite(e) for e in errs.values())
+
+
+# --- an op's float types are stated once, in its kernel rule: the OpInfo must agree --------
+
+FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
+
+
+def unlisted_types_taken(info) -> list[str]:
+    """The float types outside ``info.types`` that pyggml lets through to a compute.
+
+    For each such type, the first sample the sampler draws for it (a sampler that ignores
+    its type argument gets its tensor args re-typed) must be refused before it computes:
+    GGMLTypeError (a kernel rule), GGMLAbort (the builder's own GGML_ASSERT on the type)
+    or UpstreamDefect (a known defect of that type). A type computed is a type the kernel
+    takes that the OpInfo neither lists nor samples."""
+    taken = []
+    for t in FLOAT_TYPES:
+        if t in info.types:
+            continue
+        rng = np.random.default_rng(_seed(info.op, t.name))
+        sample = next(s for s in info.samples(rng, t) if not s.defect)
+        if not any(isinstance(a, pyggml.opinfo.Arg) and a.type == t for a in sample.args):
+            sample = dataclasses.replace(sample, args=tuple(
+                dataclasses.replace(a, type=t) if isinstance(a, pyggml.opinfo.Arg) else a for a in sample.args))
+        if not any(isinstance(a, pyggml.opinfo.Arg) for a in sample.args):
+            continue                    # no tensor argument (arange): the type is not the caller's
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                compute(info, sample)
+        except (pyggml.GGMLTypeError, pyggml.GGMLAbort, pyggml.UpstreamDefect):
+            continue
+        taken.append(t.name)
+    return taken
+
+
+@pytest.mark.parametrize("name", sorted(n for n in REG if ROWS[n]["available"]))
+def test_every_float_type_the_kernel_takes_is_in_the_opinfo(name):
+    assert unlisted_types_taken(REG[name]) == []
+
+
+def test_an_unlisted_type_the_kernel_takes_fails():
+    # mul_mat's rule takes F16 and BF16 a: an OpInfo that lists F32 only is caught
+    narrowed = dataclasses.replace(REG["mul_mat"], types=(pyggml.Type.F32,))
+    assert unlisted_types_taken(narrowed) == ["F16", "BF16"]

@@ -87,6 +87,8 @@ class OpInfo:
     the gradient of ``sum(result * c)`` (random c) with respect to each ``param`` Arg
     is checked against central differences of ``ref``, to NMSE ``grad_tol``.
     ``note`` says why a tolerance is looser than the default, or what is not covered.
+    ``typed_ref``: ``ref`` also takes ``types=``, the ggml types of the sample's tensor
+    args in order (for a reference that reads byte offsets or strides).
     """
     op: str
     ref: Callable[..., Any]
@@ -97,6 +99,7 @@ class OpInfo:
     grad: bool = False
     grad_tol: float = 1e-6
     note: str = ""
+    typed_ref: bool = False
 
     def tolerance(self, t: Type) -> float:
         return self.tol.get(t, TOL.get(t, 1e-7))

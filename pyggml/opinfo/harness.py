@@ -254,9 +254,15 @@ def compute_on_backend(info: OpInfo, sample: Sample, backend: pyggml.Backend) ->
         return read(t)
 
 
+def _call_ref(info: OpInfo, sample: Sample, args: list[Any]) -> Any:
+    if info.typed_ref:          # the reference needs the ggml types of the tensor args
+        return info.ref(*args, types=tuple(Type(a.type) for a in sample.args if isinstance(a, Arg)))
+    return info.ref(*args)
+
+
 def reference(info: OpInfo, sample: Sample) -> np.ndarray:
     """The reference's result for one sample, on the values the Args have once stored."""
-    return np.asarray(info.ref(*_ref_args(sample)))
+    return np.asarray(_call_ref(info, sample, _ref_args(sample)))
 
 
 def run(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = False) -> Result:
@@ -277,7 +283,7 @@ def gradients(info: OpInfo, sample: Sample, seed: int = 0,
     if not idx:
         raise ValueError(f"{info.op}: the sample has no F32 contiguous param Arg")
     base = _ref_args(sample)
-    ref0 = np.asarray(info.ref(*base), np.float64)
+    ref0 = np.asarray(_call_ref(info, sample, base), np.float64)
     c = rng.standard_normal(ref0.shape)
     with pyggml.Context(_nbytes_hint(sample) * 8 + (64 << 20)) as ctx:
         tensors = {}
@@ -307,7 +313,7 @@ def gradients(info: OpInfo, sample: Sample, seed: int = 0,
     def loss_at(i: int, x: np.ndarray) -> float:
         args = list(base)
         args[i] = x
-        return float(np.sum(np.asarray(info.ref(*args), np.float64).reshape(ref0.shape) * c))
+        return float(np.sum(np.asarray(_call_ref(info, sample, args), np.float64).reshape(ref0.shape) * c))
 
     numeric = {}
     for i in idx:

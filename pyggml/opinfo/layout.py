@@ -301,31 +301,37 @@ def _reshape_nd_samples(n):
     return samples
 
 
-def _ref_view(a, *args):
-    """view(a; ne..., nb1.., offset) of contiguous 4-byte a: the elements at offset + sum i_k nb_k"""
+def _ref_view(a, *args, types):
+    """view(a; ne..., nb1.., offset) of contiguous a: the elements at byte offset + sum i_k nb_k"""
+    es = types[0].type_size
     n = {2: 1, 4: 2, 6: 3, 8: 4}[len(args)]          # view_1d .. view_4d
     ne = list(args[:n]) + [1] * (4 - n)
-    nb = [ES] + list(args[n:2 * n - 1]) + [0] * (4 - n)   # the strides of unit dims do not matter
+    nb = [es] + list(args[n:2 * n - 1]) + [0] * (4 - n)   # the strides of unit dims do not matter
     offset = args[-1]
     flat = a.reshape(-1)
     g = np.empty(ne, dtype=a.dtype)
     for idx in np.ndindex(*ne):
-        g[idx] = flat[(offset + sum(i * s for i, s in zip(idx, nb))) // ES]
+        g[idx] = flat[(offset + sum(i * s for i, s in zip(idx, nb))) // es]
     return _np(g)
+
+
+_VIEW_TYPES = (Type.F32, Type.F16, Type.BF16, Type.I32)
 
 
 def _view_samples(n):
     def samples(rng, t):
-        a = _vals(rng, (2, 4, 6), t)                  # ne (6, 4, 2): nb (4, 24, 96)
-        cases = {
-            1: [((5,), (), 8), ((48,), (), 0), ((1,), (), 188)],
-            2: [((3, 2), (24,), 4), ((6, 4), (48,), 0), ((2, 3), (8,), 0), ((6, 8), (24,), 0)],
+        a = _vals(rng, (2, 4, 6), t)                  # ne (6, 4, 2): nb (1, 6, 24) elements
+        cases = {                                     # (ne, nb1.. and offset in elements)
+            1: [((5,), (), 2), ((48,), (), 0), ((1,), (), 47)],
+            2: [((3, 2), (6,), 1), ((6, 4), (12,), 0), ((2, 3), (2,), 0), ((6, 8), (6,), 0)],
             # the last one overlaps (rows share elements): its gradient is not checked (view-grad-overlap)
-            3: [((2, 2, 2), (24, 96), 8), ((3, 4, 1), (24, 96), 96), ((2, 2, 2), (48, 24), 0),
-                ((2, 2, 2), (48, 4), 0)],
-            4: [((2, 2, 2, 1), (24, 96, 192), 4), ((1, 2, 2, 2), (4, 48, 96), 0), ((3, 2, 1, 2), (48, 8, 96), 4)],
+            3: [((2, 2, 2), (6, 24), 2), ((3, 4, 1), (6, 24), 24), ((2, 2, 2), (12, 6), 0),
+                ((2, 2, 2), (12, 1), 0)],
+            4: [((2, 2, 2, 1), (6, 24, 48), 1), ((1, 2, 2, 2), (1, 12, 24), 0), ((3, 2, 1, 2), (12, 2, 24), 1)],
         }[n]
+        es = t.type_size
         for ne, nb, off in cases:
+            nb, off = tuple(es * s for s in nb), es * off
             yield Sample((Arg(a, t),) + ne + nb + (off,), f"ne {ne} nb {nb} offset {off}")
     return samples
 
@@ -588,7 +594,7 @@ OPINFOS = [
     OpInfo("cont", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, grad=True,
            note="quantized sources keep dim 0 in place (a transposed block type has no meaning); a quantized "
                 "non-contiguous source reshaped into a contiguous result hits the proposed defect "
-                "cpy-quantized-reshape-oob, not sampled until rules_core.c refuses it"),
+                "cpy-quantized-reshape-oob, not sampled until rules_layout.c refuses it"),
     OpInfo("cont_1d", ref=_ref_cont_nd, samples=_cont_nd_samples(1), types=_PLAIN_Q, grad=True),
     OpInfo("cont_2d", ref=_ref_cont_nd, samples=_cont_nd_samples(2), types=_PLAIN_Q, grad=True),
     OpInfo("cont_3d", ref=_ref_cont_nd, samples=_cont_nd_samples(3), types=_PLAIN_Q, grad=True),
@@ -613,11 +619,11 @@ OPINFOS = [
     OpInfo("reshape_2d", ref=_ref_cont_nd, samples=_reshape_nd_samples(2), types=PLAIN, grad=True),
     OpInfo("reshape_3d", ref=_ref_cont_nd, samples=_reshape_nd_samples(3), types=PLAIN, grad=True),
     OpInfo("reshape_4d", ref=_ref_cont_nd, samples=_reshape_nd_samples(4), types=PLAIN, grad=True),
-    OpInfo("view_1d", ref=_ref_view, samples=_view_samples(1), types=(Type.F32, Type.I32), grad=True,
-           note="sampled for 4-byte types (the byte offsets and strides of the reference)"),
-    OpInfo("view_2d", ref=_ref_view, samples=_view_samples(2), types=(Type.F32, Type.I32), grad=True),
-    OpInfo("view_3d", ref=_ref_view, samples=_view_samples(3), types=(Type.F32, Type.I32), grad=True),
-    OpInfo("view_4d", ref=_ref_view, samples=_view_samples(4), types=(Type.F32, Type.I32), grad=True),
+    OpInfo("view_1d", ref=_ref_view, samples=_view_samples(1), types=_VIEW_TYPES, grad=True, typed_ref=True,
+           note="byte offsets and strides scaled to the element size"),
+    OpInfo("view_2d", ref=_ref_view, samples=_view_samples(2), types=_VIEW_TYPES, grad=True, typed_ref=True),
+    OpInfo("view_3d", ref=_ref_view, samples=_view_samples(3), types=_VIEW_TYPES, grad=True, typed_ref=True),
+    OpInfo("view_4d", ref=_ref_view, samples=_view_samples(4), types=_VIEW_TYPES, grad=True, typed_ref=True),
     OpInfo("permute", ref=_ref_permute, samples=_permute_samples, types=PLAIN, grad=True),
     OpInfo("transpose", ref=lambda a: np.swapaxes(a, -1, -2), samples=_transpose_samples, types=PLAIN, grad=True),
     OpInfo("get_rows", ref=_ref_get_rows, samples=_get_rows_samples, types=_GET_ROWS_TYPES, grad=True,

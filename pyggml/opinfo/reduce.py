@@ -153,7 +153,7 @@ def _ref_top_k(a, k):
     CPU kernel gives them in descending order of value and then swaps the first two (ops.cpp
     ggml_compute_forward_top_k_f32: "emphasize that the order is not important"), and this
     reference spells out that order so the comparison can be exact. The set itself is
-    checked order-free in tests/test_rules_reducenorm.py."""
+    checked order-free in tests/test_rules_reduce.py."""
     idx = _ref_argsort_top_k(a, k)
     if k > 1:
         idx[..., [0, 1]] = idx[..., [1, 0]]
