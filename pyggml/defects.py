@@ -273,7 +273,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/vec.h ggml_vec_gelu_quick_f32 / ggml_vec_geglu_quick_f32 round x to F16 and read the F16 "
               "table without the clamp ggml_vec_gelu_f32 has",
         action="not refused (it depends on values): pyggml.opinfo's samples stay in range; "
-               "tests/test_rules_elementwise.py shows it",
+               "tests/test_rules_activation.py shows it",
         seen_in=("0.20.2",),
     ),
     Defect(
@@ -405,7 +405,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK"),
         where="ggml-cpu/ops.cpp ggml_compute_forward_cross_entropy_loss_back: (softmax(a) - b) / rows drops the "
               "softmax term's factor sum(b)",
-        action="documented only: the labels are data (NMSE 0.94 for U(0,1) labels; tests/test_rules_mmtrain.py)",
+        action="documented only: the labels are data (NMSE 0.94 for U(0,1) labels; tests/test_rules_train.py)",
         seen_in=("0.20.2",),
     ),
     Defect(

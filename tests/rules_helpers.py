@@ -1,10 +1,13 @@
 """What every tests/test_rules_<family>.py needs, once: a refusal asserted with its class,
-message and defect id, and a node's values computed with pyggml's rules off."""
+message and defect id, and a node's values computed with pyggml's rules off; below them,
+the inputs and checks that several family files share."""
 
+import numpy as np
 import pytest
 
 import pyggml
-from pyggml.opinfo.harness import read, rules_disabled
+from pyggml import Type
+from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
 
 SCRATCH = 64 << 20          # one context size for every rule test's builds
 
@@ -32,3 +35,134 @@ def compute_unchecked(build, n_threads=1):
         g.build_forward_expand(t)
         g.compute(n_threads)
         return read(t)
+
+
+# --- refusing and computing: [math], [activation], [glu], [reduce], [norm] ----------------------
+
+def refused_at_call(build, cls, match):
+    """pyggml refuses the node at the op call, with cls (nothing more is checked)"""
+    with pyggml.Context(16 << 20) as ctx:
+        with pytest.raises(cls, match=match):
+            build(ctx)
+
+
+def refused_verdict(build, cls, match):
+    """pyggml refuses the node at the op call, with cls; the kernel itself, rules off: its verdict"""
+    refused_at_call(build, cls, match)
+    return kernel_verdict(build)
+
+
+def compute(ctx, t, n_threads=1):
+    """t's values (a copy, in t's dtype) after computing its graph"""
+    g = pyggml.Graph(ctx, 64)
+    g.build_forward_expand(t)
+    g.compute(n_threads)
+    return t.numpy().copy()
+
+
+def compute_f64(ctx, t, n_threads=1):
+    """t's values as float64 after computing its graph"""
+    return compute(ctx, t, n_threads).astype(np.float64)
+
+
+def rules_off_values(build, n_threads=1):
+    """The node's values computed with the rules off (its graph proven first, in a guarded
+    child: only for nodes whose kernel neither aborts nor leaves its tensors)."""
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        return compute(ctx, build(ctx), n_threads)
+
+
+# --- inputs of the [math], [activation] and [glu] rule tests -----------------------------------
+
+def have(enum, name):
+    return hasattr(enum, name)
+
+
+def f32_randn(ctx, shape, seed=0):
+    return ctx.from_numpy(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def bf16_zeros(ctx, shape):
+    return ctx.from_numpy(np.zeros(shape, np.uint16), type=Type.BF16)
+
+
+def column(ctx, n=4, dtype=np.float32):
+    """ne = (1, n), nb[0] = 4n bytes: the transpose of one row. ggml_is_contiguous_rows (and so
+    the builder ggml_unary_impl) takes it: a row of one element."""
+    x = (np.arange(n, dtype=np.float64) - 1.5).reshape(1, n).astype(dtype)
+    return pyggml.transpose(ctx, ctx.from_numpy(x))
+
+
+def transposed_f32(ctx, rows=4, cols=6):
+    return pyggml.transpose(ctx, f32_randn(ctx, (rows, cols)))
+
+
+def dims12_swapped(ctx):
+    """rows contiguous, dims 1 and 2 swapped: not ggml_is_contiguous_1"""
+    return pyggml.permute(ctx, f32_randn(ctx, (2, 3, 4, 6)), 0, 2, 1, 3)
+
+
+def unary_values(fn, x, dtype=np.float32):
+    """fn(ctx, x) computed (rules on), as float64"""
+    with pyggml.Context(1 << 20) as ctx:
+        return compute_f64(ctx, fn(ctx, ctx.from_numpy(np.asarray(x, dtype))))
+
+
+# --- inputs of the [reduce] and [norm] rule tests ------------------------------------------------
+
+T = pyggml.transpose
+X = np.random.default_rng(1234).standard_normal((3, 4, 5)).astype(np.float32)       # ne (5, 4, 3)
+X16 = X.astype(np.float16)
+
+
+# --- inputs and verdicts of the [matmul], [train] and [backward] rule tests --------------------
+
+KPE = pyggml.KernelPreconditionError
+TYPE_ERR = pyggml.GGMLTypeError
+FAILS = ("abort", "out-of-bounds")
+F16, BF16 = Type.F16, Type.BF16
+
+
+def rnd(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def t_(ctx, x, typ=Type.F32):
+    """a tensor of x's values (numpy order) stored as typ"""
+    x = np.asarray(x)
+    if typ == Type.F32:
+        return ctx.from_numpy(x.astype(np.float32))
+    if typ == Type.F16:
+        return ctx.from_numpy(x.astype(np.float16))
+    if typ == Type.I32:
+        return ctx.from_numpy(x.astype(np.int32))
+    if typ == Type.BF16:
+        q = pyggml.quantize(typ, x.astype(np.float32).reshape(-1, x.shape[-1]))
+        return ctx.from_numpy(q.view(np.uint16).reshape(x.shape), type=typ)
+    return ctx.from_numpy(pyggml.quantize(typ, x.astype(np.float32)), type=typ)
+
+
+def tr(ctx, x, typ=Type.F32):
+    """x (numpy order) as the transpose of a contiguous tensor: rows not contiguous"""
+    return pyggml.transpose(ctx, t_(ctx, np.ascontiguousarray(np.swapaxes(x, -1, -2)), typ))
+
+
+def strided_vector(ctx, values, dtype=np.float32):
+    """a vector whose elements are 8 bytes apart (ne0 = n, nb0 = 8): every other element
+    of a base [2, n]; the elements in between are 99"""
+    n = len(values)
+    base = np.full((n, 2), 99, dtype)
+    base[:, 0] = values
+    b = ctx.from_numpy(base)
+    return pyggml.transpose(ctx, pyggml.view_2d(ctx, b, 1, n, b.nb[1], 0))
+
+
+def unwalkable(ctx, values):
+    """a [3, 1, 2] F32 view that ggml_is_contiguous calls contiguous (ne1 = 1: nb1 is not
+    looked at) but whose rows are not nb1 apart: row 1 at byte 12, nb1 = 32"""
+    base = np.full(16, 7.0, np.float32)
+    base[:6] = np.asarray(values, np.float32).reshape(-1)
+    b = ctx.from_numpy(base)
+    v = pyggml.view_3d(ctx, b, 3, 1, 2, 32, 12, 0)
+    assert v.shape == (2, 1, 3)
+    return v

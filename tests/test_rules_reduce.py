@@ -1,5 +1,4 @@
-"""Both sides of the kernel rules of the [reduce] and [norm] families (csrc/rules_reduce.c,
-csrc/rules_norm.c, and SUM/MEAN in rules_core.c).
+"""Both sides of the kernel rules of the [reduce] family (pyggml/csrc/rules_reduce.c).
 
 For each refusal clause: pyggml raises the right class at the op call, and the same node
 built with the rules off shows that the CPU kernel really fails on it (kernel_verdict:
@@ -10,8 +9,6 @@ Clauses no Python call can reach (the builder already refuses, or makes the node
 the clause holds) are listed in UNREACHABLE with the reason.
 """
 
-import os
-
 import numpy as np
 import pytest
 
@@ -20,40 +17,17 @@ from pyggml import Type
 from pyggml.opinfo import registry
 from pyggml.opinfo.harness import kernel_verdict, rules_disabled, run
 from pyggml.opinfo.reduce import distinct
-
-T = pyggml.transpose
-RNG = np.random.default_rng(1234)
-X = RNG.standard_normal((3, 4, 5)).astype(np.float32)       # ne (5, 4, 3)
-X16 = X.astype(np.float16)
+from rules_helpers import (T, X, X16, compute as _compute, refused_at_call as _refused,
+                          rules_off_values as _rules_off_values)
 
 UNREACHABLE = {
-    "SUM_ROWS, CUMSUM, ARGSORT, TOP_K, NORM, ...: result rows/shape/type": "the builders make the result "
-    "(a new contiguous tensor, or a view of src0 for _inplace) of the shape and type the kernel needs",
+    "SUM_ROWS, CUMSUM, ARGSORT, TOP_K, ...: result rows/shape/type": "the builders make the result "
+    "(a new contiguous tensor) of the shape and type the kernel needs",
     "CUMSUM: src0 type": "ggml_cumsum asserts F32 (GGMLAbort at the builder)",
     "ARGMAX: a matrix": "ggml_argmax asserts ggml_is_matrix",
     "COUNT_EQUAL: one shape": "ggml_count_equal asserts ggml_are_same_shape",
     "ARGSORT: sort order": "the wrapper takes SortOrder members only (ArgumentError before ggml)",
 }
-
-
-def _compute(ctx, t, n_threads=1):
-    g = pyggml.Graph(ctx, 64)
-    g.build_forward_expand(t)
-    g.compute(n_threads)
-    return t.numpy().copy()
-
-
-def _rules_off_values(build, n_threads=1):
-    """The node's values computed with the rules off (its graph proven first, in a guarded
-    child: only for nodes whose kernel neither aborts nor leaves its tensors)."""
-    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
-        return _compute(ctx, build(ctx), n_threads)
-
-
-def _refused(build, cls, match):
-    with pyggml.Context(16 << 20) as ctx:
-        with pytest.raises(cls, match=match):
-            build(ctx)
 
 
 # --- refused, and the kernel aborts or leaves its tensors ------------------------------------
@@ -86,32 +60,6 @@ CASES = [
      pyggml.GGMLTypeError, "does not take src0 of type f16", "abort"),
     ("top_k rows not packed", lambda c: pyggml.top_k(c, pyggml.permute(c, c.from_numpy(X), 0, 2, 1, 3), 2),
      pyggml.KernelPreconditionError, "packed rows", "out-of-bounds"),
-    ("norm f16", lambda c: pyggml.norm(c, c.from_numpy(X16), 1e-5),
-     pyggml.GGMLTypeError, "does not take src0 of type f16", "abort"),
-    ("norm eps < 0", lambda c: pyggml.norm(c, c.from_numpy(X), -1e-5),
-     pyggml.KernelPreconditionError, "eps must be >= 0", "abort"),
-    ("norm eps nan", lambda c: pyggml.norm(c, c.from_numpy(X), float("nan")),
-     pyggml.KernelPreconditionError, "eps must be >= 0", "abort"),
-    ("norm_inplace eps < 0", lambda c: pyggml.norm_inplace(c, c.from_numpy(X), -1.0),
-     pyggml.KernelPreconditionError, "eps must be >= 0", "abort"),
-    ("rms_norm f16", lambda c: pyggml.rms_norm(c, c.from_numpy(X16), 1e-5),
-     pyggml.GGMLTypeError, "does not take src0 of type f16", "abort"),
-    ("rms_norm transposed", lambda c: pyggml.rms_norm(c, T(c, c.from_numpy(X)), 1e-5),
-     pyggml.KernelPreconditionError, "src0 must have contiguous rows", "abort"),
-    ("rms_norm_inplace transposed", lambda c: pyggml.rms_norm_inplace(c, T(c, c.from_numpy(X)), 1e-5),
-     pyggml.KernelPreconditionError, "src0 must have contiguous rows", "abort"),
-    ("rms_norm eps < 0", lambda c: pyggml.rms_norm(c, c.from_numpy(X), -1e-5),
-     pyggml.KernelPreconditionError, "eps must be >= 0", "abort"),
-    ("group_norm f16", lambda c: pyggml.group_norm(c, c.from_numpy(X16), 1, 1e-5),
-     pyggml.GGMLTypeError, "does not take src0 of type f16", "abort"),
-    ("group_norm transposed", lambda c: pyggml.group_norm(c, T(c, c.from_numpy(X)), 1, 1e-5),
-     pyggml.KernelPreconditionError, "src0 must have contiguous rows", "abort"),
-    ("group_norm 0 groups", lambda c: pyggml.group_norm(c, c.from_numpy(X), 0, 1e-5),
-     pyggml.KernelPreconditionError, "n_groups must be >= 1", "abort"),          # SIGFPE
-    ("l2_norm f16", lambda c: pyggml.l2_norm(c, c.from_numpy(X16), 1e-5),
-     pyggml.GGMLTypeError, "does not take src0 of type f16", "abort"),
-    ("l2_norm eps < 0", lambda c: pyggml.l2_norm(c, c.from_numpy(X), -1.0),
-     pyggml.KernelPreconditionError, "eps must be >= 0", "abort"),
 ]
 
 
@@ -139,7 +87,7 @@ def test_argmax_of_rows_not_contiguous():
 
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_core_sum_mean_of_rows_not_contiguous(op):
-    """rules_core.c SUM/MEAN: the kernels' asserts on nb[0] are compiled out; they sum the
+    """rules_reduce.c SUM/MEAN: the kernels' asserts on nb[0] are compiled out; they sum the
     contiguous floats from each row's start."""
     x = np.arange(24.0).reshape(4, 6)
     build = lambda c: getattr(pyggml, op)(c, _transposed(c, x))
@@ -193,24 +141,6 @@ def test_count_equal_accepted_where_the_row_index_is_right(shape):
             assert int(_compute(ctx, t, n)[0]) == int((a == b).sum())
 
 
-def test_group_norm_negative_groups_leaves_the_result_unwritten():
-    build = lambda c: pyggml.group_norm_inplace(c, c.from_numpy(X), -1, 1e-5)
-    _refused(build, pyggml.KernelPreconditionError, "n_groups must be >= 1")
-    assert kernel_verdict(build) == "ok"
-    assert np.array_equal(_rules_off_values(build), X)            # not normalized: untouched
-
-
-def test_group_norm_overflowing_groups_refused():
-    _refused(lambda c: pyggml.group_norm(c, c.from_numpy(X), 2**31 - 2, 1e-5),
-             pyggml.KernelPreconditionError, "overflows the kernel's int arithmetic")
-
-
-@pytest.mark.skipif(not os.environ.get("PYGGML_SLOW"), reason="about 10 s: 2^31 iterations of the kernel's loop")
-def test_group_norm_overflowing_groups_leaves_the_result_unwritten():
-    build = lambda c: pyggml.group_norm_inplace(c, c.from_numpy(X), 2**31 - 2, 1e-5)
-    assert np.array_equal(_rules_off_values(build), X)
-
-
 def test_top_k_negative_k():
     """The builder asserts only k <= ne[0]: k < 0 makes a result of ne[0] = k, which the
     shape check every node passes refuses (before TOP_K's own rule, which refuses k < 0
@@ -229,19 +159,6 @@ def test_top_k_negative_k():
 
 # --- accepted: what the samples do not show --------------------------------------------------
 
-def test_every_op_of_the_families_has_a_rule():
-    for op in ("SUM", "MEAN", "SUM_ROWS", "CUMSUM", "ARGMAX", "COUNT_EQUAL", "ARGSORT", "TOP_K",
-               "NORM", "RMS_NORM", "GROUP_NORM", "L2_NORM"):
-        assert pyggml._core.op_is_checked(pyggml.Op[op]), op
-
-
-def test_every_row_of_the_families_has_an_opinfo():
-    from pyggml import _optable
-    reg = registry()
-    rows = [r["name"] for r in _optable.OPS if r["family"] in ("reduce", "norm") and "unbound" not in r["flags"]]
-    assert rows and all(name in reg for name in rows), [n for n in rows if n not in reg]
-
-
 def test_top_k_is_the_set_of_the_k_largest():
     """Order-free: whatever order the kernel gives, the indices are those of the k largest."""
     info = registry()["top_k"]
@@ -252,6 +169,7 @@ def test_top_k_is_the_set_of_the_k_largest():
         assert np.array_equal(np.sort(res.out.reshape(want.shape), axis=-1), want), s.name
 
 
+# group_norm ([norm]) is computed here too: one test item per thread count, kept whole
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_threads(n_threads):
     """Kernels that split rows (or groups) over threads, and TOP_K's per-thread work rows
@@ -268,15 +186,3 @@ def test_threads(n_threads):
         assert np.max(np.abs(got - want)) < 1e-4
         ints = ctx.from_numpy((x > 0).astype(np.int32).reshape(6, 40))
         assert int(_compute(ctx, pyggml.count_equal(ctx, ints, ints), n_threads)[0]) == 240
-
-
-def test_rms_norm_empty_and_f16_is_not_refused():
-    """An empty node runs no kernel (ggml_compute_forward skips it) unless RMS_NORM is fused
-    with a following MUL, which needs an F32 src0: an empty F16 RMS_NORM is accepted."""
-    with pyggml.Context(1 << 20) as ctx:
-        pyggml.rms_norm(ctx, ctx.new_tensor(Type.F16, (4, 0, 1, 1)), 1e-5)
-        pyggml.argsort(ctx, ctx.new_tensor(Type.F16, (4, 0, 1, 1)), pyggml.SortOrder.ASC)
-        # no kernel reads eps either: an empty node is accepted whatever its params
-        pyggml.rms_norm(ctx, ctx.new_tensor(Type.F32, (4, 0, 1, 1)), -1.0)
-        with pytest.raises(pyggml.KernelPreconditionError, match="eps must be >= 0"):
-            pyggml.rms_norm(ctx, ctx.new_tensor(Type.F32, (4, 1, 1, 1)), -1.0)

@@ -1,0 +1,90 @@
+"""Both sides of the kernel rules of the [matmul] family (pyggml/csrc/rules_matmul.c).
+
+For every refusal clause: pyggml refuses the node at the op call with the right class,
+and the same node with the rules off makes the CPU kernel fail: it aborts, or reads or
+writes out of bounds (the guarded proof, harness.kernel_verdict). The accepted side is the OpInfo samples
+(tests/test_opinfo.py).
+
+Also here: evidence for the upstream discrepancy of mul_mat's gradient (see the module's end).
+"""
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type
+from pyggml.opinfo import Arg, Sample, registry
+from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
+from rules_helpers import BF16, F16, FAILS, KPE, TYPE_ERR, rnd, t_, tr
+
+
+# --- refusals the kernel backs with an abort or an out-of-bounds access ---------------------
+
+def _mmid(as_type=Type.F32, b_type=Type.F32, as_layout=None, b_layout=None):
+    def build(ctx):
+        K = 32 if as_type.is_quantized else 4
+        if as_layout == "permuted":     # [K, M, E] with rows not contiguous, yet not "transposed" (nb0 <= nb1)
+            a = pyggml.permute(ctx, t_(ctx, rnd((3, K, 4)), as_type), 2, 0, 1, 3)
+        else:
+            a = t_(ctx, rnd((4, 3, K)), as_type)
+        b = tr(ctx, rnd((2, 2, K)), b_type) if b_layout == "transposed" else t_(ctx, rnd((2, 2, K)), b_type)
+        ids = t_(ctx, [[0, 3], [1, 1]], Type.I32)
+        return pyggml.mul_mat_id(ctx, a, b, ids)
+    return build
+
+
+def _out_prod(a_type=Type.F32, b_type=Type.F32, a_shape=(3, 4, 8), b_shape=(3, 4, 5), a_layout=None):
+    def build(ctx):
+        if a_layout == "permuted":      # [8, 4, 3] with rows not contiguous, yet not "transposed"
+            a = pyggml.permute(ctx, t_(ctx, rnd((4, 8, 3)), a_type), 2, 0, 1, 3)
+        else:
+            a = t_(ctx, rnd(a_shape), a_type)
+        return pyggml.out_prod(ctx, a, t_(ctx, rnd(b_shape), b_type))
+    return build
+
+
+CASES = [
+    # name, build, exception, message, defect id
+    # MUL_MAT_ID (ggml-cpu.c ggml_compute_forward_mul_mat_id)
+    ("mul_mat_id: experts without a CPU dot", _mmid(as_type=Type.I32), TYPE_ERR, "no dot product for the experts", ""),
+    ("mul_mat_id: b neither F32 nor the vec_dot type", _mmid(as_type=F16, b_type=BF16), TYPE_ERR,
+     "src1 must be F32 or f16", ""),
+    ("mul_mat_id: experts' rows not contiguous", _mmid(as_layout="permuted"), KPE,
+     "src0 must have contiguous rows", ""),
+    ("mul_mat_id: b's rows not contiguous", _mmid(b_layout="transposed"), KPE, "src1 must have contiguous rows", ""),
+    # OUT_PROD (ops.cpp ggml_compute_forward_out_prod)
+    ("out_prod: BF16 a", _out_prod(a_type=BF16), TYPE_ERR, "does not take src0 of type bf16", ""),
+    ("out_prod: F32 a, F16 b", _out_prod(b_type=F16), TYPE_ERR, "src1 must be F32", ""),
+    ("out_prod: Q8_0 a, F16 b", _out_prod(a_type=Type.Q8_0, b_type=F16, a_shape=(3, 4, 32), b_shape=(3, 4, 8)),
+     TYPE_ERR, "src1 must be F32", ""),
+    ("out_prod: a's rows not contiguous", _out_prod(a_layout="permuted"), KPE, "src0 must have contiguous rows", ""),
+    ("out_prod: F16 a broadcast", _out_prod(a_type=F16, a_shape=(1, 4, 8)), KPE, "cannot be broadcast", ""),
+    ("out_prod: Q8_0 a broadcast", _out_prod(a_type=Type.Q8_0, a_shape=(1, 4, 32)), KPE, "cannot be broadcast", ""),
+]
+
+
+@pytest.mark.parametrize("name, build, exc, match, defect", CASES, ids=[c[0] for c in CASES])
+def test_rule_refuses_what_the_kernel_fails_on(name, build, exc, match, defect):
+    with pyggml.Context(16 << 20) as ctx:
+        with pytest.raises(exc, match=match) as e:
+            build(ctx)
+    if defect:
+        assert e.value.defect == defect
+    assert kernel_verdict(build) in FAILS
+
+
+# --- upstream discrepancies ------------------------------------------------------------------
+
+@pytest.mark.parametrize("ash, bsh", [((1, 2, 3, 4), (2, 4, 2, 4)), ((2, 1, 3, 4), (2, 2, 2, 4)),
+                                      ((1, 1, 3, 4), (2, 1, 2, 4))])
+def test_upstream_mul_mat_backward_aborts_for_a_broadcast_a_and_a_4d_b(ash, bsh):
+    # ggml.c ggml_compute_backward, case GGML_OP_MUL_MAT: GGML_ASSERT(tmp->ne[3] == 1)
+    # when src0 is broadcast and src1 has ne3 > 1 (defect "mul-mat-broadcast-grad"): refused
+    # by build_backward_expand; with pyggml's checks off, ggml aborts
+    info = registry()["mul_mat"]
+    s = Sample((Arg(rnd(ash).astype(np.float64)), Arg(rnd(bsh, 1).astype(np.float64))))
+    with pytest.raises(pyggml.UpstreamDefect, match="asserts b's ne.3. == 1") as e:
+        grad_check(info, s)
+    assert e.value.defect == "mul-mat-broadcast-grad"
+    with rules_disabled(), pytest.raises(pyggml.GGMLAbort, match=r"tmp->ne\[3\] == 1"):
+        grad_check(info, s)
