@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ids_used():
+    # (the C code names defects by the symbols of the generated pyggml_defects.h: a
+    # misspelt one does not compile)
     used = set()
-    for path in list((ROOT / "pyggml" / "csrc").glob("*.c")) + list((ROOT / "pyggml" / "opinfo").glob("*.py")) \
+    for path in list((ROOT / "pyggml" / "opinfo").glob("*.py")) \
             + list((ROOT / "tests").glob("test_*.py")) + list((ROOT / "pyggml").glob("_*.pyx")):
         text = path.read_text()
-        used |= set(re.findall(r'defect = "([a-z0-9-]+)"', text))
         used |= set(re.findall(r'(?:grad_)?defect="([a-z0-9-]+)"', text))
         used |= set(re.findall(r'defect == "([a-z0-9-]+)"', text))
         used |= set(re.findall(r'UpstreamDefect\([^)]*"([a-z0-9]+(?:-[a-z0-9]+)+)"\)', text))
@@ -30,6 +31,23 @@ def test_every_defect_id_in_use_has_a_record():
     known = {d.id for d in defects.DEFECTS}
     missing = ids_used() - known
     assert not missing, f"defect ids without a record in pyggml/defects.py: {sorted(missing)}"
+
+
+@pytest.mark.skipif(not (ROOT / "pyggml" / "csrc").exists(), reason="needs the source tree")
+def test_the_c_code_names_defects_by_their_generated_symbols():
+    from pyggml._gen_ops import defect_symbol, gen_defects_header
+
+    header = gen_defects_header(str(ROOT / "pyggml" / "defects.py"))
+    for d in defects.DEFECTS:
+        assert f'#define {defect_symbol(d.id)} "{d.id}"' in header
+    assert len({defect_symbol(d.id) for d in defects.DEFECTS}) == len(defects.DEFECTS)
+    literal = re.compile(r'defect\s*=\s*"')
+    for path in (ROOT / "pyggml" / "csrc").glob("*.c"):
+        assert not literal.search(path.read_text()), f"{path.name}: a defect id as a string literal"
+    used = set()
+    for path in (ROOT / "pyggml" / "csrc").glob("*.c"):
+        used |= set(re.findall(r"\bPG_DEFECT_[A-Z0-9_]+", path.read_text()))
+    assert used and used <= {defect_symbol(d.id) for d in defects.DEFECTS}
 
 
 def test_records_are_complete():

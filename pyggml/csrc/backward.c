@@ -114,14 +114,14 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
         }
         /* ggml.c, case GGML_OP_ADD1: the gradient of the scalar b is ggml_mean(grad), not its sum */
         if (op_is(t, "ADD1") && src_needs[1]) {
-            why.defect = "add1-grad-mean";
+            why.defect = PG_DEFECT_ADD1_GRAD_MEAN;
             rc = pg_refuse(&why, "node %d (ADD1): ggml's backward pass gives the scalar b the mean of the "
                            "output gradient where the sum belongs (wrong by a factor of %lld)", i,
                            (long long) ggml_nelements(t));
         }
         /* ggml.c, cases GGML_OP_SUB / GGML_OP_DIV: the gradient of a broadcast b is not reduced */
         if ((op_is(t, "SUB") || op_is(t, "DIV")) && src_needs[1] && !same_shape(t->src[0], t->src[1])) {
-            why.defect = "sub-div-broadcast-grad";
+            why.defect = PG_DEFECT_SUB_DIV_BROADCAST_GRAD;
             rc = pg_refuse(&why, "node %d (%s): ggml's backward pass cannot differentiate a broadcast b "
                            "(b ne=(%lld, %lld, %lld, %lld) against a ne=(%lld, %lld, %lld, %lld)): it would abort",
                            i, ggml_op_name(t->op), (long long) t->src[1]->ne[0], (long long) t->src[1]->ne[1],
@@ -135,7 +135,7 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
             float max_bias;
             memcpy(&max_bias, (const float *) t->op_params + 1, sizeof max_bias);
             if (max_bias != 0.0f) {
-                why.defect = "soft-max-alibi-grad";
+                why.defect = PG_DEFECT_SOFT_MAX_ALIBI_GRAD;
                 rc = pg_refuse(&why, "node %d (SOFT_MAX) with max_bias=%g (ALiBi): ggml's backward pass builds a "
                                "SOFT_MAX_BACK whose CPU kernel asserts max_bias == 0", i, (double) max_bias);
             }
@@ -144,7 +144,7 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
          * broadcast a by a 4-d view that asserts b has ne[3] == 1 */
         if (op_is(t, "MUL_MAT") && src_needs[0] && t->src[1]->ne[3] > 1 &&
             (t->src[0]->ne[2] != t->src[1]->ne[2] || t->src[0]->ne[3] != t->src[1]->ne[3])) {
-            why.defect = "mul-mat-broadcast-grad";
+            why.defect = PG_DEFECT_MUL_MAT_BROADCAST_GRAD;
             rc = pg_refuse(&why, "node %d (MUL_MAT) of a broadcast a (ne2, ne3 = %lld, %lld) by b (%lld, %lld): "
                            "ggml's backward pass asserts b's ne[3] == 1 for a's gradient and would abort", i,
                            (long long) t->src[0]->ne[2], (long long) t->src[0]->ne[3],
@@ -160,7 +160,7 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
             const size_t nb[4] = {ggml_type_size(t->type), is_set ? (size_t) p[0] : t->nb[1],
                                   is_set ? (size_t) p[1] : t->nb[2], is_set ? (size_t) p[2] : t->nb[3]};
             if (ggml_blck_size(t->type) == 1 && strides_overlap(v->ne, nb, nb[0])) {
-                why.defect = "view-grad-overlap";
+                why.defect = PG_DEFECT_VIEW_GRAD_OVERLAP;
                 rc = pg_refuse(&why, "node %d (%s) whose strides (%zu, %zu, %zu, %zu) over ne=(%lld, %lld, %lld, "
                                "%lld) reach some elements twice: ggml's backward pass would overwrite their "
                                "gradients where it should add them", i, ggml_op_name(t->op), nb[0], nb[1], nb[2],
@@ -179,7 +179,7 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
                 }
                 for (int j = 0; j < GGML_MAX_SRC; j++) {
                     if (u->src[j] == t->src[0] && !ignored_src(u, j)) {
-                        why.defect = "mean-grad-accumulate";
+                        why.defect = PG_DEFECT_MEAN_GRAD_ACCUMULATE;
                         rc = pg_refuse(&why, "node %d (MEAN) of a tensor that node %d (%s) also uses: ggml's "
                                        "backward pass would add the mean's gradient with ggml_add1, which takes "
                                        "a scalar only, and abort", i, k, ggml_op_name(u->op));

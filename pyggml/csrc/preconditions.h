@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "ggml-cpu.h"
+#include "pyggml_defects.h"   /* generated: PG_DEFECT_<ID> for each pyggml.defects id */
 #include "pyggml_rt.h"
 
 typedef struct pg_why {

@@ -39,7 +39,7 @@ static int rule_add1(const struct ggml_tensor * t, pg_why * why) {
             return pg_refuse(why, "the result's strides must increase");
         }
         if (t->ne[3] > 1) {
-            why->defect = "add1-quantized-batch";
+            why->defect = PG_DEFECT_ADD1_QUANTIZED_BATCH;
             return pg_refuse(why, "a quantized src0 with ne3=%lld > 1: the kernel writes batch i3 at "
                              "i3*nb0 instead of i3*nb3 (batches overwrite each other)", (long long) t->ne[3]);
         }
@@ -81,7 +81,7 @@ static int rule_acc(const struct ggml_tensor * t, pg_why * why) {
     }
     const int64_t size = (int64_t) ggml_nbytes(t);
     if (last < size && last + 4 > size) {
-        why->defect = "acc-bounds-check";
+        why->defect = PG_DEFECT_ACC_BOUNDS_CHECK;
         return pg_refuse(why, "the last element of src1 starts at byte %lld of a %lld-byte result and "
                          "ends past it: ggml's bound check looks at its start only", (long long) last,
                          (long long) size);

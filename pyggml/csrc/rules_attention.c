@@ -108,19 +108,19 @@ int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "VISION mode needs n_dims == ne0/2 = %lld, got %d", (long long) (ne0 / 2), n_dims);
     }
     if (mode == PG_ROPE_VISION && !vision_sections_restart(sections, n_dims)) {
-        why->defect = "rope-vision-section-reset";
+        why->defect = PG_DEFECT_ROPE_VISION_SECTION_RESET;
         return pg_refuse(why, "VISION sections (%d, %d, %d, %d): a section after an empty one does not restart "
                          "its angles in the kernel", sections[0], sections[1], sections[2], sections[3]);
     }
     if (ne0 % 2 != 0) {
-        why->defect = "rope-odd-ne0";
+        why->defect = PG_DEFECT_ROPE_ODD_NE0;
         return pg_refuse(why, "ne0 = %lld is odd: the kernel's tail copy (or VISION's last pair) runs one element "
                          "past each row", (long long) ne0);
     }
     if (c != NULL) {
         PG_NEED_ROWS(c, "the frequency factors (src2)", why);
         if (c->ne[0] < ne0 / 2) {
-            why->defect = "rope-freq-factors-oob";
+            why->defect = PG_DEFECT_ROPE_FREQ_FACTORS_OOB;
             return pg_refuse(why, "the kernel reads a frequency factor for each of the ne0/2 = %lld pairs of a row "
                              "(the builder asks for n_dims/2 = %d); src2 has %lld", (long long) (ne0 / 2),
                              n_dims / 2, (long long) c->ne[0]);
@@ -202,7 +202,7 @@ static int rule_get_rel_pos(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
     if (a->type == GGML_TYPE_BF16 && t->type != GGML_TYPE_BF16) {
-        why->defect = "get-rel-pos-bf16";
+        why->defect = PG_DEFECT_GET_REL_POS_BF16;
         return pg_refuse(why, "a BF16 src0 is copied bit for bit into the %s result", pg_type(t));
     }
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F16, why);
@@ -223,7 +223,7 @@ static int rule_add_rel_pos(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
     if (a->ne[3] != 1) {
-        why->defect = "add-rel-pos-ne3";
+        why->defect = PG_DEFECT_ADD_REL_POS_NE3;
         return pg_refuse(why, "src0 has ne[3] = %lld: the kernel adds to its first ne[3] slice only",
                          (long long) a->ne[3]);
     }

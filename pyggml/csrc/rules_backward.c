@@ -123,7 +123,7 @@ static int rule_get_rows_back(const struct ggml_tensor * t, pg_why * why) {
     }
     PG_NEED_ROWS(a, "src0", why);
     if (!rows_packed(ids) || !ggml_is_contiguous(ids)) {
-        why->defect = "get-rows-back-strided-index";
+        why->defect = PG_DEFECT_GET_ROWS_BACK_STRIDED_INDEX;
         return refuse_layout(why, "the indices (src1)", "be contiguous (the kernel reads them as a flat array, "
                              "where GET_ROWS honours their strides)", ids);
     }
@@ -217,7 +217,7 @@ static int rule_pool_2d_back(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_TYPE(g, "the gradient (src0)", g->type == GGML_TYPE_F32, why);
     if (op == GGML_OP_POOL_MAX) {
         if (af->type == GGML_TYPE_F16) {
-            why->defect = "pool-2d-back-f16-oob";
+            why->defect = PG_DEFECT_POOL_2D_BACK_F16_OOB;
             return pg_refuse(why, "MAX reads the forward input as the result's type (F32), and it is F16: the "
                              "kernel would read past it");
         }
@@ -283,7 +283,7 @@ static int rule_flash_attn_back(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "shapes too large for the kernel's int indices");
     }
     if (q->ne[3] > 1 && k->ne[2] < q->ne[2] && !pg_fab_batch_gqa_fixed()) {
-        why->defect = "fab-batch-gqa-oob";
+        why->defect = PG_DEFECT_FAB_BATCH_GQA_OOB;
         return pg_refuse(why, "ne3=%lld > 1 with kvne2=%lld < ne2=%lld: the kernel strides grad_k and grad_v "
                          "over ne3 with q's ne2 and writes past its result",
                          (long long) q->ne[3], (long long) k->ne[2], (long long) q->ne[2]);

@@ -249,7 +249,7 @@ static int rule_conv_transpose_2d(const struct ggml_tensor * t, pg_why * why) {
                          "(i10*stride + kx, i11*stride + ky)", t->op_params[0]);
     }
     if (b->ne[3] > 1) {
-        why->defect = "conv-transpose-2d-batch";
+        why->defect = PG_DEFECT_CONV_TRANSPOSE_2D_BATCH;
         return pg_refuse(why, "a batch of %lld (b->ne[3] > 1): the CPU kernel computes batch 0 only and leaves "
                          "the others zero", (long long) b->ne[3]);
     }
@@ -323,7 +323,7 @@ static int rule_pool_2d(const struct ggml_tensor * t, pg_why * why) {
         }
         const int64_t n = (int64_t) ((a->ne[d] + 2 * (float) p - k) / s + 1);
         if (n != t->ne[d]) {
-            why->defect = "pool-2d-fractional-padding";
+            why->defect = PG_DEFECT_POOL_2D_FRACTIONAL_PADDING;
             return pg_refuse(why, "the result has %lld outputs along dim %d, the kernel's whole padding p%d = %d "
                              "gives %lld: ggml_pool_2d sized it with a fractional padding, which the kernel "
                              "truncates (padding the start by %d, the end by the rest)", (long long) t->ne[d],
@@ -685,14 +685,14 @@ static int rule_upscale(const struct ggml_tensor * t, pg_why * why) {
         const pg_axis ax = axis_of(t->ne[d], a->ne[d], d < 2 && align);
         const int64_t i = nearest_first_wrong(&ax);
         if (i == -2) {
-            why->defect = "upscale-nearest-index-rounding";
+            why->defect = PG_DEFECT_UPSCALE_NEAREST_INDEX_ROUNDING;
             return pg_refuse(why, "dim %d resized %lld -> %lld: pyggml cannot check in bounded time that the kernel's "
                              "float32 source index (i / (n/n_src)) is right for every result index of so large an "
                              "axis (none of those it checked is wrong)", d, (long long) a->ne[d], (long long) t->ne[d]);
         }
         if (i >= 0) {
             const int64_t got = kernel_index(&ax, i);
-            why->defect = "upscale-nearest-index-rounding";
+            why->defect = PG_DEFECT_UPSCALE_NEAREST_INDEX_ROUNDING;
             if (got >= a->ne[d]) {
                 return pg_refuse(why, "dim %d resized %lld -> %lld: the kernel maps result index %lld to source index "
                                  "%lld (i / (n/n_src) rounded in float32), past the source's last, %lld", d,
@@ -709,13 +709,13 @@ static int rule_upscale(const struct ggml_tensor * t, pg_why * why) {
         for (int d = 0; d < 2; d++) {
             const int64_t i = antialias_first_drop(t->ne[d], a->ne[d]);
             if (i == -2) {
-                why->defect = "upscale-antialias-align-corners";
+                why->defect = PG_DEFECT_UPSCALE_ANTIALIAS_ALIGN_CORNERS;
                 return pg_refuse(why, "antialiased bilinear with aligned corners, dim %d resized %lld -> %lld: pyggml "
                                  "cannot check in bounded time that no window of so large an axis drops a tap (none "
                                  "of those it checked does)", d, (long long) a->ne[d], (long long) t->ne[d]);
             }
             if (i >= 0) {
-                why->defect = "upscale-antialias-align-corners";
+                why->defect = PG_DEFECT_UPSCALE_ANTIALIAS_ALIGN_CORNERS;
                 return pg_refuse(why, "antialiased bilinear with aligned corners, dim %d resized %lld -> %lld: the "
                                  "kernel cuts the window of result index %lld at (int) (x + support) and leaves "
                                  "out a tap of positive weight", d, (long long) a->ne[d], (long long) t->ne[d],

@@ -188,7 +188,7 @@ static int rule_set(const struct ggml_tensor * t, pg_why * why) {
         /* the kernel's own check lets the last element start at nbytes: one element past a */
         const int upstream_misses = last - es <= ggml_nbytes(a);
         if (upstream_misses) {
-            why->defect = "set-bounds-off-by-one";
+            why->defect = PG_DEFECT_SET_BOUNDS_OFF_BY_ONE;
         }
         return pg_refuse(why, "b placed at offset %d with strides (%d, %d, %d) reaches byte %llu of src0, which "
                          "has %zu bytes%s", offset, nb[1], nb[2], nb[3], (unsigned long long) last, ggml_nbytes(a),
@@ -243,7 +243,7 @@ static int rule_pad(const struct ggml_tensor * t, pg_why * why) {
          * unless it is a multiple of n (two consecutive k cannot both be, for n >= 2) */
         const int64_t m = t->ne[i] < lp - n ? t->ne[i] : lp - n;
         if (n >= 2 && (m >= 2 || (m == 1 && (n - lp) % n != 0))) {
-            why->defect = "pad-circular-left-oob";
+            why->defect = PG_DEFECT_PAD_CIRCULAR_LEFT_OOB;
             return pg_refuse(why, "circular left pad %lld on axis %d is larger than src0's extent %lld: the kernel "
                              "wraps indices with (i - lp + ne) %% ne and reads before src0",
                              (long long) lp, i, (long long) n);
@@ -433,7 +433,7 @@ static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
             return PYGGML_OK;
         }
         PG_NEED_ROWS(a, "src0", why);
-        why->defect = "cpy-quantized-reshape-oob";
+        why->defect = PG_DEFECT_CPY_QUANTIZED_RESHAPE_OOB;
         return pg_refuse(why, "a non-contiguous %s src0 copied into a contiguous result of another shape: the "
                          "kernel copies ne[0] blocks per row where there are ne[0]/%lld, past the result",
                          pg_type(a), (long long) ggml_blck_size(ta));
@@ -445,7 +445,7 @@ static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
         return PYGGML_OK;
     }
     if ((ta == GGML_TYPE_F16 || ta == GGML_TYPE_BF16) && td == GGML_TYPE_I32) {
-        why->defect = "cpy-f16-i32-work";
+        why->defect = PG_DEFECT_CPY_F16_I32_WORK;
         return pg_refuse(why, "%s -> I32 goes through an F32 row in the work buffer, which ggml_graph_plan "
                          "does not reserve for this pair", pg_type(a));
     }
@@ -476,7 +476,7 @@ static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
                              (long long) a->ne[0], pg_type(t), (long long) ggml_blck_size(td));
         }
         if (a->ne[0] > t->ne[0]) {
-            why->defect = "cpy-to-q-work-size";
+            why->defect = PG_DEFECT_CPY_TO_Q_WORK_SIZE;
             return pg_refuse(why, "src0 rows (ne[0] = %lld) longer than the result's (%lld) overrun the work "
                              "buffer ggml_graph_plan sizes from the result's rows",
                              (long long) a->ne[0], (long long) t->ne[0]);

@@ -41,7 +41,7 @@ static int need_f32(const struct ggml_tensor * t, int first, int n, const char *
  * states to write */
 static int zero_tokens(const struct ggml_tensor * t, int64_t n_tokens, pg_why * why) {
     if (n_tokens == 0 && ggml_nelements(t) > 0) {
-        why->defect = "recurrent-zero-tokens-state";
+        why->defect = PG_DEFECT_RECURRENT_ZERO_TOKENS_STATE;
         return pg_refuse(why, "with 0 tokens the CPU kernel never writes the result's %lld state values (they "
                          "should be the input states)", (long long) ggml_nelements(t));
     }
@@ -121,7 +121,7 @@ static int rule_ssm_scan(const struct ggml_tensor * t, pg_why * why) {
 static int tokens_per_seq(const struct ggml_tensor * t, int64_t T, const struct ggml_tensor * state, pg_why * why) {
     const int64_t n_seqs = state->ne[1];
     if (T > 0 && (n_seqs < 1 || T % n_seqs != 0)) {
-        why->defect = "wkv-tokens-per-seq-oob";
+        why->defect = PG_DEFECT_WKV_TOKENS_PER_SEQ_OOB;
         return pg_refuse(why, "n_tokens = %lld must be a multiple of n_seqs = %lld (state->ne[1]): the kernel "
                          "gives each sequence n_tokens / n_seqs tokens and writes the rest past its result",
                          (long long) T, (long long) n_seqs);
@@ -199,7 +199,7 @@ static int rule_rwkv_wkv7(const struct ggml_tensor * t, pg_why * why) {
     const int step = wkv7_simd_step();
     const int64_t S = k->ne[0];
     if (step > 0 && S % step != 0) {
-        why->defect = "wkv7-simd-tail-oob";
+        why->defect = PG_DEFECT_WKV7_SIMD_TAIL_OOB;
         return pg_refuse(why, "head size S = %lld is not a multiple of %d (GGML_F32_STEP of this build): the "
                          "kernel's SIMD loop reads and writes whole blocks of %d past each head",
                          (long long) S, step, step);

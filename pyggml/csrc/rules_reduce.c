@@ -98,7 +98,7 @@ static int rule_count_equal(const struct ggml_tensor * t, pg_why * why) {
         return PYGGML_OK;
     }
     if (!((ne3 == 1 || ne3 == ne1 * ne2) && (ne2 == 1 || ne2 == ne1))) {
-        why->defect = "count-equal-row-index";
+        why->defect = PG_DEFECT_COUNT_EQUAL_ROW_INDEX;
         return pg_refuse(why, "ne=(%lld, %lld, %lld, %lld): the kernel's row index is wrong for this shape "
                          "(it counts some rows twice, skips others, or reads outside the sources); "
                          "reshape contiguous sources to 2-D first", (long long) a->ne[0], (long long) ne1,
