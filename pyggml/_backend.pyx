@@ -59,20 +59,6 @@ def backends():
     return out
 
 
-cdef size_t _fab_need(Graph graph, int n_threads) except? 0:
-    """Bytes of work buffer the graph's FLASH_ATTN_BACK nodes touch on ``n_threads``
-    (exactly: pyggml.defects.fab_kernel_work_floats); 0 without such nodes."""
-    if graph._fab_mxdm == 0:
-        return 0
-    from pyggml.defects import fab_kernel_work_floats
-    cdef size_t need = 0
-    cdef int i
-    cdef ggml_tensor * p
-    for i in range(ggml_graph_n_nodes(graph.ptr)):
-        p = ggml_graph_node(graph.ptr, i)
-        if p.op == GGML_OP_FLASH_ATTN_BACK:
-            need = max(need, 4 * fab_kernel_work_floats(p.src[0].ne[0], p.src[1].ne[1], n_threads))
-    return need
 
 
 
@@ -378,10 +364,11 @@ cdef class Backend(Executor):
             # (ggml_graph_plan asserts on some nodes), and refuse what its plan
             # would under-size (pyggml.defects "fab-work-size")
             plan = _plan(graph, n, NULL)
-            if _fab_need(graph, n) > plan.work_size:
+            fab_need = pyggml_graph_fab_work_bytes(graph.ptr, n) if graph._fab_nodes else 0
+            if fab_need > plan.work_size:
                 raise UpstreamDefect(
                     f"compute: the CPU backend would give FLASH_ATTN_BACK the {plan.work_size}-byte work buffer "
-                    f"ggml_graph_plan asks for with {n} threads, and its kernel uses {_fab_need(graph, n)}: "
+                    f"ggml_graph_plan asks for with {n} threads, and its kernel uses {fab_need}: "
                     f"compute this graph with Graph.compute (which sizes it) or with fewer threads",
                     "fab-work-size")
             # ggml's CPU backend grows its work buffer with new[], and frees the old one

@@ -162,16 +162,26 @@ def _compute_without_proof(Graph graph not None, n_threads=1):
 
 
 cdef size_t _fab_work_size(Graph graph, int n_threads):
-    # Upstream defect (pyggml.defects "fab-work-size"): for FLASH_ATTN_BACK,
-    # ggml_graph_plan reserves 4*max(D, Mup)*n_tasks floats (+ a cache line per
-    # thread), but the kernel gives thread ith the floats from
-    # ith*2*(max(D, Mup) + CACHE_LINE_SIZE_F32): with D < 8 and M <= 4 and 3 or more
-    # threads it reads and writes past the plan's buffer. pyggml owns the work
-    # buffer, so it sizes it for the kernel (cache lines up to 256 bytes, Mup
-    # rounded to 64).
-    if graph._fab_mxdm == 0:
+    # Upstream defect (pyggml.defects "fab-work-size"): FLASH_ATTN_BACK's kernel touches
+    # more work buffer than ggml_graph_plan reserves for small heads on 3 or more
+    # threads. pyggml owns the work buffer, so it sizes it for the kernel
+    # (csrc/fab_work.cpp, the one place that computes it).
+    if graph._fab_nodes == 0:
         return 0
-    return 4 * 2 * <size_t>n_threads * <size_t>(graph._fab_mxdm + 64)
+    return pyggml_graph_fab_work_bytes(graph.ptr, n_threads)
+
+
+def fab_work_bytes(D, M, n_threads):
+    """fab_work_bytes(D, M, n_threads) -> int: bytes of work buffer FLASH_ATTN_BACK's F32
+    CPU kernel touches for head size ``D`` and ``M`` keys on ``n_threads`` threads
+    (csrc/fab_work.cpp: what Graph.compute allocates, and what the "fab-work-size" probe
+    compares ggml_graph_plan's figure with)."""
+    cdef int64_t d = index_arg(D, "D", "fab_work_bytes"), m = index_arg(M, "M", "fab_work_bytes")
+    cdef int64_t n = index_arg(n_threads, "n_threads", "fab_work_bytes")
+    if d < 1 or m < 1 or not 1 <= n <= MAX_N_THREADS:
+        raise ArgumentError(f"fab_work_bytes: D and M must be >= 1 and n_threads in [1, {MAX_N_THREADS}], "
+                            f"got {d}, {m}, {n}")
+    return pyggml_fab_work_bytes(d, m, <int>n)
 
 
 cdef int _need_threads(object n_threads) except -1:

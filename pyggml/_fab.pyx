@@ -166,8 +166,8 @@ def _probe_fab_batch_gqa_oob():
         graph = ggml_new_graph_custom(ctx.ptr, 16, False)
         ggml_build_forward_expand(graph, r.ptr)
         plan = ggml_graph_plan(graph, 1, NULL)
-        # the kernel's own work layout: 2*(max(D, Mup) + a cache line) floats per thread
-        work = Storage(max(plan.work_size, 4 * 2 * (max(D, 64) + 64)))
+        # the kernel's own work layout (csrc/fab_work.cpp), not ggml_graph_plan's figure
+        work = Storage(max(plan.work_size, pyggml_graph_fab_work_bytes(graph, 1)))
         plan.work_data = <uint8_t *>work.ptr
         with nogil:
             ggml_graph_compute(graph, &plan)

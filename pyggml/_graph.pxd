@@ -34,7 +34,7 @@ cdef class Graph:
     cdef uint64_t _epoch    # pyggml._core.placement_epoch() when _unallocated was last found None
     cdef int _n_nodes, _n_leafs
     cdef object _unallocated  # first tensor without data, or None
-    cdef int64_t _fab_mxdm    # largest max(D, M rounded up) over FLASH_ATTN_BACK nodes
+    cdef int _fab_nodes       # FLASH_ATTN_BACK nodes (their work buffer: pyggml_graph_fab_work_bytes)
     cdef bint _busy           # a thread computes or changes the graph
     cdef int64_t _node_elems  # the largest operand of each node, summed: a measure of a compute's size
     cdef int _index_ops       # nodes that read positions from a tensor's values (get_rows, ...)

@@ -225,8 +225,8 @@ cdef class Graph:
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
-        cdef int64_t fab_mxdm = 0, node_elems = 0
-        cdef int index_ops = 0
+        cdef int64_t node_elems = 0
+        cdef int index_ops = 0, fab_nodes = 0
         # One buffer: the DFS stack grows from the front, the added list from the back.
         # Small graphs use the array on the C stack; larger ones move to the heap.
         cdef ggml_tensor * local[64]
@@ -276,8 +276,8 @@ cdef class Graph:
                         refused = p
                 if p.data == NULL and unallocated == NULL and ggml_nelements(p) != 0:
                     unallocated = p
-                if p.op == GGML_OP_FLASH_ATTN_BACK and p.src[0] != NULL and p.src[1] != NULL:
-                    fab_mxdm = max(fab_mxdm, p.src[0].ne[0], (p.src[1].ne[1] + 63) // 64 * 64)
+                if p.op == GGML_OP_FLASH_ATTN_BACK:
+                    fab_nodes += 1
                 for i in range(GGML_MAX_SRC):
                     if p.src[i] != NULL:
                         buf[sp] = p.src[i]
@@ -309,7 +309,7 @@ cdef class Graph:
         self._index_ops += index_ops
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
-        self._fab_mxdm = max(self._fab_mxdm, fab_mxdm)
+        self._fab_nodes += fab_nodes
         if tensor.ctx is not self.ctx or tensor.ctx._deps:
             self._add_contexts(tensor.ctx)
 

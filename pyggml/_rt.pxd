@@ -32,6 +32,8 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_rule_entry(int i, const char ** family, const char ** name)
+    size_t pyggml_fab_work_bytes(int64_t D, int64_t M, int n_threads)
+    size_t pyggml_graph_fab_work_bytes(ggml_cgraph * graph, int n_threads)
     int pyggml_checks_set_enabled(int enabled)
     int pyggml_checks_enabled()
     void pyggml_set_fab_batch_gqa_fixed(int fixed)

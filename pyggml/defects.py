@@ -48,25 +48,18 @@ def _probe_fab_batch_gqa_oob():
     return _probe_fab_batch_gqa_oob()
 
 
-def fab_kernel_work_floats(D: int, M: int, n_threads: int, cache_line_floats: int = 16, unroll: int = 4) -> int:
-    """Floats of work buffer the FLASH_ATTN_BACK f32 CPU kernel touches: thread ith uses S
-    and SM at ith*2*(mxDM + CL) floats, SM running to Mup (M rounded up to the unroll)."""
-    mup = -(-M // unroll) * unroll
-    mxdm = max(D, mup)
-    return (2 * n_threads - 1) * (mxdm + cache_line_floats) + mup
-
-
 def _probe_fab_work_size():
     """Bytes the FLASH_ATTN_BACK kernel touches beyond what ggml_graph_plan reserves, for
     D = M = 1 on 4 threads (0: the plan is large enough)."""
     import pyggml
+    from pyggml import _cpu
 
     with pyggml.Context(1 << 20) as ctx:
         t = ctx.new_tensor(pyggml.Type.F32, (1, 1, 1, 1))
         r = pyggml.flash_attn_back(ctx, t, t, t, t, False)
         g = pyggml.Graph(ctx, 8)
         g.build_forward_expand(r)
-        return max(0, 4 * fab_kernel_work_floats(1, 1, 4) - g._plan_work_size(4))
+        return max(0, _cpu.fab_work_bytes(1, 1, 4) - g._plan_work_size(4))
 
 
 def _verdict(build):

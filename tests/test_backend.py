@@ -153,7 +153,7 @@ def test_the_cpu_backend_is_refused_a_flash_attn_back_its_plan_under_sizes():
         r = pyggml.flash_attn_back(ctx, q, k, v, d, False)
         g = pyggml.Graph(ctx)
         g.build_forward_expand(r)
-        shortfall = 4 * pyggml.defects.fab_kernel_work_floats(1, 1, 4) - g._plan_work_size(4)
+        shortfall = pyggml._cpu.fab_work_bytes(1, 1, 4) - g._plan_work_size(4)
         if shortfall <= 0:
             pytest.skip("this ggml plans enough work memory for tiny heads")
         with pytest.raises(UpstreamDefect, match="FLASH_ATTN_BACK") as e:

@@ -1,5 +1,6 @@
 """ggml's FLASH_ATTN_BACK kernel through pyggml, against an independent float64 reference."""
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -404,7 +405,25 @@ def test_batch_gqa_defect_is_worked_around_by_attention_backward():
     assert float(out.strip()) < NMSE_MAX
 
 
-kernel_work_floats = pyggml.defects.fab_kernel_work_floats
+def kernel_work_floats(D, M, n_threads, cache_line_floats=16, unroll=4):
+    """An independent model of the kernel's work layout (ops.cpp: thread ith's S at
+    ith*2*(mxDM + CL) floats, SM after it, running to Mup), for x86's 64-byte lines."""
+    mup = -(-M // unroll) * unroll
+    mxdm = max(D, mup)
+    return (2 * n_threads - 1) * (mxdm + cache_line_floats) + mup
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the model assumes 64-byte cache lines")
+@pytest.mark.parametrize("D, M", [(1, 1), (1, 4), (3, 5), (7, 4), (8, 1), (64, 64), (128, 33), (5, 300)])
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 8])
+def test_the_one_work_size_function_matches_the_kernels_layout(D, M, n_threads):
+    assert pyggml._cpu.fab_work_bytes(D, M, n_threads) == 4 * kernel_work_floats(D, M, n_threads)
+
+
+@pytest.mark.parametrize("args", [(0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 1, 100000)])
+def test_fab_work_bytes_refuses_bad_sizes(args):
+    with pytest.raises(pyggml.ArgumentError, match="fab_work_bytes"):
+        pyggml._cpu.fab_work_bytes(*args)
 
 
 def test_plan_work_size_shortfall_for_small_heads(ctx):

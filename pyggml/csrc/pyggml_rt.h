@@ -212,6 +212,12 @@ PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
  * csrc/rules_<family>.c defines it and the op it is for ("ADD", "UNARY:RELU", "GLU:SWIGLU") */
 PYGGML_RT_API int pyggml_rule_entry(int i, const char ** family, const char ** name);
 
+/* --- FLASH_ATTN_BACK's work buffer (fab_work.cpp) --------------------------------------- */
+/* Bytes of work buffer the F32 CPU kernel touches for head size D and M keys on n_threads */
+PYGGML_RT_API size_t pyggml_fab_work_bytes(int64_t D, int64_t M, int n_threads);
+/* The most any FLASH_ATTN_BACK node of the graph needs on n_threads (0: none) */
+PYGGML_RT_API size_t pyggml_graph_fab_work_bytes(struct ggml_cgraph * graph, int n_threads);
+
 /* --- backends (backend.c) ------------------------------------------------------------ */
 struct ggml_gallocr;
 /* ggml_gallocr_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
