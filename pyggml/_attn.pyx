@@ -141,7 +141,7 @@ def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
         memset(&spec, 0, sizeof(spec))
         spec.task = _attn_task
         spec.task_arg = &state.r
-        run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (state, q, k, v, d, lse, o, dq, dk, dv), None)
+        run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (state, q, k, v, d, lse, o, dq, dk, dv), None, NULL)
     cdef int rc = state.r.rc
     if rc == 2:
         raise MemoryError("blocked attention backward: no memory for its scratch")

@@ -35,4 +35,3 @@ cdef class Scheduler:
 cdef int lock_backends(tuple backends, str what) except -1
 cdef void unlock_backends(tuple backends) noexcept
 cdef void set_callback_holds(object holds) noexcept
-cdef int _raise_status(ggml_status status, str what, tuple backends) except -1

@@ -28,9 +28,9 @@ from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport (Allocation, Context, Storage, Tensor, allocation_of, arg_bool, arg_instance,
-                          need_open, raise_aborted)
+                          need_open, raise_aborted, raise_status)
 from pyggml._graph cimport Executor, Graph, tensor_in_use
-from pyggml._cpu cimport _need_threads, _plan, _prove, _raise_checked, note_threads, run_interruptibly, wants_async
+from pyggml._cpu cimport _need_threads, _plan, _prove, note_threads, run_interruptibly, wants_async
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextFullError, GGMLAbort, GGMLVersionError,
                            GraphBusyError, InUseError, UnsupportedOpError, UpstreamDefect)
@@ -110,21 +110,18 @@ cdef ggml_status _compute_on(ggml_cgraph * graph, void * backend) noexcept nogil
     return pyggml_backend_compute_nothrow(graph, backend)
 
 
-cdef int _raise_status(ggml_status status, str what, tuple backends) except -1:
-    """ComputeError for a failed compute; ContextFullError when ggml's C++ threw (the
-    CPU backend's work buffer: the backends are then unusable, see Backend._poisoned)."""
+cdef int _raise_compute(const pyggml_status * st, str what, tuple backends) except -1:
+    """Raise a backend compute's outcome (raise_status); when ggml's C++ threw, the
+    backends are unusable first (the CPU backend frees its work buffer before it fails
+    to grow it: see Backend._poisoned)."""
     cdef Backend b
-    if status == GGML_STATUS_SUCCESS:
-        return 0
-    if <int>status == PYGGML_STATUS_CXX_BAD_ALLOC or <int>status == PYGGML_STATUS_CXX_OTHER:
+    detail = ""
+    if st.code == PYGGML_OUT_OF_MEMORY or st.code == PYGGML_CXX_EXCEPTION:
         for b in backends:
             b._poisoned = True
-        why = "std::bad_alloc" if <int>status == PYGGML_STATUS_CXX_BAD_ALLOC else "a C++ exception"
-        raise ContextFullError(f"{what}: ggml ran out of memory ({why}); the backends it used "
-                               f"({', '.join(x.name for x in backends)}) are not usable any more (ggml's CPU "
-                               f"backend frees its work buffer before it fails to grow it)")
-    name = ggml_status_to_string(status).decode()
-    raise ComputeError(f"{what} failed: {name}", name)
+        detail = (f"; the backends it used ({', '.join(x.name for x in backends)}) are not usable any more "
+                  f"(ggml's CPU backend frees its work buffer before it fails to grow it)")
+    return raise_status(st, what, detail)
 
 
 cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint prove, str what,
@@ -136,16 +133,18 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
     GIL released (on a worker thread for a large graph, so Ctrl-C interrupts it within
     50 ms: ggml's CPU backends stop after the node they are in), node by node with the
     computed indices checked before each reader when the graph has index ops."""
-    cdef char msg[PYGGML_MSG_CAP]
-    cdef int rc, ist, i, n_cpu = 0
+    cdef pyggml_status result
+    cdef int i, n_cpu = 0
     cdef ggml_status status
     cdef bint handed = False
     cdef pyggml_async spec
     cdef ggml_backend_t cpu[16]
     cdef Backend b
+    pyggml_status_clear(&result)
     try:
         if graph._index_ops:
-            _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
+            pyggml_check_ready_indices(graph.ptr, &result)
+            raise_status(&result, what)
         if prove:
             _prove(graph)
         if wants_async(graph):
@@ -159,22 +158,20 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
                     cpu[n_cpu] = b.ptr
                     n_cpu += 1
             handed = True        # run_interruptibly gives the graph and the locks back
-            status = run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, graph, (keep, backends),
-                                       lambda: unlock_backends(backends))
+            run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, graph, (keep, backends),
+                              lambda: unlock_backends(backends), &result)
         elif graph._index_ops:
             with nogil:
-                rc = pyggml_compute_checked_with(graph.ptr, compute, arg, msg, PYGGML_MSG_CAP, &ist)
-            status = <ggml_status>ist
-            _raise_checked(rc, msg)
+                pyggml_compute_checked_with(graph.ptr, compute, arg, &result)
         else:
             with nogil:
                 status = compute(graph.ptr, arg)
+            pyggml_status_from_ggml(&result, status)
     finally:
         if not handed:
             graph._set_busy(False)
             unlock_backends(backends)
-    _raise_status(status, what, backends)
-    return 0
+    return _raise_compute(&result, what, backends)
 
 
 cdef int begin_compute(Graph graph, tuple backends, str what) except -1:

@@ -45,7 +45,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort,
+from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, GGMLAbort,
                            GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, UpstreamDefect)
 
 cnp.import_array()
@@ -368,4 +368,5 @@ include "_core_args.pxi"
 include "_core_context.pxi"
 include "_core_tensor.pxi"
 include "_core_ops.pxi"
+include "_core_errors.pxi"
 include "_core_quant.pxi"

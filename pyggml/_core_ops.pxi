@@ -56,15 +56,14 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op) except
     cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
     cdef uint64_t need = 0
     cdef uint64_t headers = 0
-    cdef char buf[PYGGML_MSG_CAP]
-    cdef const char * defect = NULL
+    cdef pyggml_status st
     cdef int rc
     while t != NULL:
         need += tensor_bytes(t, ctx.no_alloc)
         headers += _OBJECT_SIZE + _pad(sizeof(ggml_tensor))
         if t.op != GGML_OP_NONE:
-            rc = pyggml_check_node(t, buf, PYGGML_MSG_CAP, &defect)
-            if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
+            rc = pyggml_check_node(t, &st)
+            if rc != PYGGML_OK and rc != PYGGML_UNCHECKED:
                 return 1
         t = ggml_get_next_tensor(_scratch, t)
     # objects other than tensors (none today) count as they are
@@ -84,16 +83,13 @@ cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple n
     cdef ggml_tensor * t = ggml_get_first_tensor(_scratch)
     cdef uint64_t need = 0
     cdef uint64_t headers = 0
-    cdef char buf[PYGGML_MSG_CAP]
-    cdef const char * defect = NULL
-    cdef int rc
+    cdef pyggml_status st
     while t != NULL:
         need += tensor_bytes(t, ctx.no_alloc)
         headers += _OBJECT_SIZE + _pad(sizeof(ggml_tensor))
         if t.op != GGML_OP_NONE:
-            rc = pyggml_check_node(t, buf, PYGGML_MSG_CAP, &defect)
-            if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
-                _raise_refusal(rc, buf, defect, t, op, names, tensors)
+            pyggml_check_node(t, &st)
+            raise_status(&st, op, "", names, tensors)
         t = ggml_get_next_tensor(_scratch, t)
     need += ggml_used_mem(_scratch) - headers
     ctx._reserve(need, op)
@@ -104,14 +100,6 @@ cdef int op_lost(pyggml_guard * g, str op) except -1:
     """The real call aborted after a clean scratch run: cannot happen (same call, same inputs)."""
     raise InternalError(f"{op}: ggml aborted in the real call after a clean scratch run "
                        f"(please report): {g.message.decode('utf-8', 'replace')}")
-
-
-cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1:
-    """Raise GGMLAbort for a guarded call that aborted (or faulted: g.signal)."""
-    msg = g.message.decode("utf-8", "replace")
-    if g.signal:
-        raise GGMLAbort(f"{where}: ggml would crash: {msg}{detail}", msg)
-    raise GGMLAbort(f"{where}: ggml would abort: {short_message(msg)}{detail}", msg)
 
 
 cdef object version_error(str op, str reason):
@@ -156,27 +144,6 @@ cdef str _node_name(const ggml_tensor * t):
     return name
 
 
-cdef int _raise_refusal(int rc, const char * buf, const char * defect, const ggml_tensor * node,
-                        str where, tuple names, tuple tensors) except -1:
-    cdef Tensor t
-    cdef int i
-    msg = buf.decode("utf-8", "replace")
-    opname = _node_name(node)
-    roles = []
-    for i in range(GGML_MAX_SRC):
-        for name, t in zip(names, tensors):
-            if t is not None and node.src[i] == t.ptr:
-                roles.append(f"src{i} is {name}")
-    srcs = ", ".join(f"src{i}: {describe(node.src[i])}" for i in range(GGML_MAX_SRC) if node.src[i] != NULL)
-    detail = f" ({'; '.join(roles)})" if roles else ""
-    text = f"{where}: {opname} node refused: {msg}{detail}. Node: {describe(node)}; {srcs}"
-    if defect != NULL:
-        raise UpstreamDefect(text, defect.decode())
-    if rc == PYGGML_REFUSED_TYPE:
-        raise GGMLTypeError(text)
-    raise KernelPreconditionError(text, opname)
-
-
 cdef int check_node(const ggml_tensor * node, str where) except -1:
     """Raise if the CPU kernel of ``node`` would not run on it; 1 when pyggml has no rule
     for its op (the caller proves the graph some other way), else 0."""
@@ -185,11 +152,9 @@ cdef int check_node(const ggml_tensor * node, str where) except -1:
 
 cdef int check_node_named(const ggml_tensor * node, str where, tuple names, tuple tensors) except -1:
     """check_node, naming the sources that are the given argument tensors."""
-    cdef char buf[PYGGML_MSG_CAP]
-    cdef const char * defect = NULL
-    cdef int rc = pyggml_check_node(node, buf, PYGGML_MSG_CAP, &defect)
-    if rc == PYGGML_REFUSED or rc == PYGGML_REFUSED_TYPE:
-        _raise_refusal(rc, buf, defect, node, where, names, tensors)
+    cdef pyggml_status st
+    cdef int rc = pyggml_check_node(node, &st)
+    raise_status(&st, where, "", names, tensors)
     return 1 if rc == PYGGML_UNCHECKED else 0
 
 

@@ -16,7 +16,7 @@ from libc.string cimport memcpy, memset
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport ggml_backend_t, ggml_backend_cpu_set_abort_callback
 from pyggml._rt cimport *
-from pyggml._core cimport Storage, index_arg, raise_aborted
+from pyggml._core cimport Storage, index_arg, raise_aborted, raise_status
 from pyggml._graph cimport Executor, Graph
 
 import os
@@ -100,7 +100,6 @@ atexit.register(_free_threadpool)
 
 # --- the forked proof ------------------------------------------------------------
 
-cdef double PROOF_TIMEOUT_S = 600.0
 # graphs whose nodes hold at most this many elements in all compute with the GIL held
 # (a microsecond or so of work: less than releasing and re-taking the GIL costs)
 cdef int64_t SMALL_GRAPH_ELEMS = 4096
@@ -125,20 +124,11 @@ cdef int _prove(Graph graph) except -1:
     reading or writing past a tensor (a guard page, or damaged canary bytes) becomes
     UpstreamDefect ("kernel-out-of-bounds"). Retried on EINTR, the child reaped.
     """
-    cdef char msg[4096]
-    cdef int how = 0, rc
+    cdef pyggml_status st
     cdef size_t min_work = _fab_work_size(graph, 1)
     with nogil:
-        rc = pyggml_prove_graph(graph.ptr, min_work, PROOF_TIMEOUT_S, msg, sizeof(msg), &how)
-    if rc < 0:
-        raise OSError("compute: the forked proof could not run (fork or pipe failed)")
-    if rc != PYGGML_DRY_OK:
-        text = msg.decode("utf-8", "replace").strip()
-        if rc == PYGGML_DRY_EXIT and how in (PYGGML_EXIT_GUARD, PYGGML_EXIT_OVERRUN):
-            raise UpstreamDefect(f"compute: {text}", "kernel-out-of-bounds")
-        why = {PYGGML_DRY_SIGNAL: f"signal {how}", PYGGML_DRY_EXIT: f"exit {how}",
-               PYGGML_DRY_TIMEOUT: f"timed out after {PROOF_TIMEOUT_S:.0f} s"}[rc]
-        raise GGMLAbort(f"compute: ggml would abort ({why}): {text or 'no message'}", text)
+        pyggml_prove_graph(graph.ptr, min_work, PYGGML_PROOF_TIMEOUT_S, &st)
+    raise_status(&st, "compute")
     graph._unproven = False
     return 0
 
@@ -266,34 +256,27 @@ cdef void _async_done(void * p, int cleanup) noexcept nogil:
     _async_release(st)
 
 
-cdef int _raise_checked(int rc, const char * msg) except -1:
-    """After pyggml_compute_checked: raise for an index out of range (nothing after it ran)."""
-    if rc == PYGGML_REFUSED:
-        raise ArgumentError(f"compute: {msg.decode('utf-8', 'replace')} (the nodes before it have run)")
-    if rc == PYGGML_UNCHECKED:
-        raise GGMLVersionError(f"compute: {msg.decode('utf-8', 'replace')}")
-    return 0
-
-
-cdef ggml_status _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * tp, object keep) except *:
+cdef int _compute_async(Graph graph, ggml_cplan plan, ggml_threadpool * tp, object keep,
+                        pyggml_status * result) except -1:
     """The CPU executor's compute on a worker thread (run_interruptibly)."""
     cdef pyggml_async spec
     memset(&spec, 0, sizeof(spec))
     spec.graph = graph.ptr
     spec.checked = graph._index_ops > 0
-    return run_interruptibly(&spec, &plan, tp, NULL, 0, graph, keep, None)
+    return run_interruptibly(&spec, &plan, tp, NULL, 0, graph, keep, None, result)
 
 
-cdef ggml_status run_interruptibly(pyggml_async * spec, ggml_cplan * plan, ggml_threadpool * tp,
-                                   ggml_backend_t * cpu, int n_cpu, Graph graph, object keep,
-                                   object on_cleanup) except *:
+cdef int run_interruptibly(pyggml_async * spec, ggml_cplan * plan, ggml_threadpool * tp,
+                           ggml_backend_t * cpu, int n_cpu, Graph graph, object keep,
+                           object on_cleanup, pyggml_status * result) except -1:
     """Run what ``spec`` says (a graph with a plan, a backend's compute, or a task) on a
     worker thread, and wait for it in WAIT_SLICE_MS slices, so that Ctrl-C (any signal
     handler's exception) reaches the caller at once: then ggml is told to stop after the
     node it is in (the plan's abort callback, or the abort callback of the ``n_cpu`` CPU
     backends ``cpu``), and the worker, when it is done, gives everything back itself:
     the graph stays busy, the backends locked, ``keep`` alive, until it has. Without an
-    exception the caller gives them back here, on_cleanup included."""
+    exception the caller gives them back here, on_cleanup included. A compute's outcome
+    goes to ``result`` (when not NULL) for the caller to raise (raise_status)."""
     cdef _Async * st = <_Async *>calloc(1, sizeof(_Async))
     if st == NULL:
         raise MemoryError()
@@ -320,16 +303,14 @@ cdef ggml_status run_interruptibly(pyggml_async * spec, ggml_cplan * plan, ggml_
         Py_DECREF(held)
         free(st)
         raise OSError(rc, "compute: cannot start a worker thread")
-    cdef ggml_status status
     try:
         while not done:
             with nogil:
                 done = pyggml_async_wait(&st.a, WAIT_SLICE_MS)
             if not done:
                 PyErr_CheckSignals()       # raises what a signal handler raised (Ctrl-C)
-        status = <ggml_status>st.a.status
-        if st.a.checked:
-            _raise_checked(st.a.check_rc, st.a.check_msg)
+        if result != NULL:
+            result[0] = st.a.result
     except BaseException:
         if not done:
             pyggml_async_abort(&st.a)     # ggml stops after the current node
@@ -338,7 +319,7 @@ cdef ggml_status run_interruptibly(pyggml_async * spec, ggml_cplan * plan, ggml_
         if pyggml_async_handoff(&st.a):   # the worker is past its compute: clean up here
             _async_cleanup(st)
         _async_release(st)
-    return status
+    return 0
 
 
 # --- fork safety ---------------------------------------------------------------------
@@ -405,16 +386,17 @@ cdef class CpuExecutor(Executor):
         cdef Storage work = None
         cdef ggml_status status
         cdef bint handed = False        # the worker thread owns busy and tp
-        cdef char msg[PYGGML_MSG_CAP]
-        cdef int rc, ist
+        cdef pyggml_status result
         cdef object keep = None
+        pyggml_status_clear(&result)
         try:
             # every storage the graph touches stays alive while the GIL is released
             # (another thread may close a context meanwhile)
             keep = graph._hold()
             if graph._index_ops:
                 # indices out of range are refused before anything runs, the proof included
-                _raise_checked(pyggml_check_ready_indices(graph.ptr, msg, PYGGML_MSG_CAP), msg)
+                pyggml_check_ready_indices(graph.ptr, &result)
+                raise_status(&result, "compute")
             if graph._unproven:
                 _prove(graph)
             # a cached threadpool saves creating one per compute; one compute at a time uses it
@@ -428,27 +410,23 @@ cdef class CpuExecutor(Executor):
             note_threads(n)
             if wants_async(graph):
                 handed = True
-                status = _compute_async(graph, plan, tp, (keep, work))
+                _compute_async(graph, plan, tp, (keep, work), &result)
             elif graph._index_ops:
                 # index ops: their indices are checked right before each runs
                 with nogil:
-                    rc = pyggml_compute_checked(graph.ptr, &plan, msg, PYGGML_MSG_CAP, &ist)
-                status = <ggml_status>ist
-                _raise_checked(rc, msg)
+                    pyggml_compute_checked(graph.ptr, &plan, &result)
             elif graph._node_elems <= SMALL_GRAPH_ELEMS:
                 # releasing and taking back the GIL costs more than such a graph takes
-                status = ggml_graph_compute(graph.ptr, &plan)
+                pyggml_status_from_ggml(&result, ggml_graph_compute(graph.ptr, &plan))
             else:
                 with nogil:
                     status = ggml_graph_compute(graph.ptr, &plan)
+                pyggml_status_from_ggml(&result, status)
         finally:
             if not handed:
                 _threadpool_release(tp)
                 graph._set_busy(False)
-        if status != GGML_STATUS_SUCCESS:
-            name = ggml_status_to_string(status).decode()
-            raise ComputeError(f"ggml_graph_compute failed: {name}", name)
-        return 0
+        return raise_status(&result, "compute")
 
 
 def cpu_features():

@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, int64_t
 
 from pyggml._ggml cimport ggml_context, ggml_tensor, ggml_type
 from pyggml._ggml_backend cimport ggml_backend_sched_t, ggml_backend_t
+from pyggml._rt cimport pyggml_status
 
 
 cdef extern from "ggml-opt.h" nogil:
@@ -95,7 +96,7 @@ cdef extern from "pyggml_rt.h" nogil:
         ggml_opt_params params
         ggml_opt_dataset_t dataset
         ggml_backend_t cpu
-    int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how)
+    int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st)
 
     # no C++ exception crosses into Python (csrc/nothrow.cpp)
     ggml_opt_dataset_t pyggml_opt_dataset_init_nothrow(ggml_type type_data, ggml_type type_label,

@@ -14,7 +14,7 @@ from libc.string cimport memcpy, memset
 
 from pyggml._ggml cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node, need_open, wrap
+from pyggml._core cimport Context, Storage, Tensor, arg_tensor, check_node, need_open, raise_status, wrap
 cimport pyggml._core as _c
 
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
@@ -219,8 +219,7 @@ cdef class Graph:
         self._check_idle()
         cdef Tensor tensor = arg_tensor(t, "t", "build_forward_expand")
         cdef int new_nodes = 0, new_leafs = 0, i, unchecked = 0, rc, added
-        cdef char msg[PYGGML_MSG_CAP]
-        cdef const char * defect = NULL
+        cdef pyggml_status st
         cdef ggml_tensor * refused = NULL
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
@@ -269,7 +268,7 @@ cdef class Graph:
                     node_elems += _work_elems(p)
                     if pyggml_index_tensor(p) != NULL:
                         index_ops += 1
-                    rc = pyggml_check_node(p, msg, PYGGML_MSG_CAP, &defect)
+                    rc = pyggml_check_node(p, &st)
                     if rc == PYGGML_UNCHECKED:
                         unchecked += 1
                     elif rc != PYGGML_OK and refused == NULL:
@@ -390,11 +389,9 @@ cdef class Graph:
         if self._unallocated is not None:
             raise ArgumentError("build_backward_expand: the graph has tensors without data "
                                 "(from a no_alloc context, or empty: ggml gives those none)")
-        cdef char msg[PYGGML_MSG_CAP]
-        cdef const char * defect = NULL
-        if pyggml_check_backward(self.ptr, msg, PYGGML_MSG_CAP, &defect) != PYGGML_OK:
-            raise UpstreamDefect(f"build_backward_expand: {msg.decode('utf-8', 'replace')}",
-                                 defect.decode() if defect != NULL else "")
+        cdef pyggml_status st
+        pyggml_check_backward(self.ptr, &st)
+        raise_status(&st, "build_backward_expand")
         cdef uint64_t need = self._dry_backward(ctx)
         ctx._reserve(need, "build_backward_expand")
         cdef pyggml_guard g

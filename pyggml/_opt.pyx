@@ -25,7 +25,7 @@ from pyggml._ggml_opt cimport *
 from pyggml._rt cimport *
 from libc.string cimport memset
 
-from pyggml._core cimport Context, Tensor, need_open
+from pyggml._core cimport Context, Tensor, need_open, raise_status
 from pyggml._backend cimport Backend, Scheduler, lock_backends, set_callback_holds, unlock_backends
 from pyggml._cpu cimport _need_threads, note_threads, run_interruptibly
 from pyggml._graph cimport Graph
@@ -46,7 +46,6 @@ LOSSES = {"mean": GGML_OPT_LOSS_TYPE_MEAN, "sum": GGML_OPT_LOSS_TYPE_SUM,
 OPTIMIZERS = {"adamw": GGML_OPT_OPTIMIZER_TYPE_ADAMW, "sgd": GGML_OPT_OPTIMIZER_TYPE_SGD}
 DEFAULTS = {"adamw": {"alpha": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "wd": 0.0},
             "sgd": {"alpha": 1e-3, "wd": 0.0}}
-PROOF_TIMEOUT_S = 600.0
 @cython.final
 cdef class Dataset:
     """Dataset(ndata, ne_datapoint, ne_label=0, type_data=Type.F32, type_label=Type.F32, ndata_shard=1)
@@ -286,19 +285,10 @@ cdef class Optimizer:
         probe.params = params
         probe.dataset = (<Dataset>probe_set).ptr
         probe.cpu = self.scheduler.cpu.ptr
-        cdef char msg[4096]
-        cdef int how = 0, rc
-        cdef double timeout = PROOF_TIMEOUT_S
+        cdef pyggml_status st
         with nogil:
-            rc = pyggml_opt_dry_run(&probe, timeout, msg, sizeof(msg), &how)
-        if rc < 0:
-            raise OSError("Optimizer: the forked proof could not run (fork or pipe failed)")
-        if rc != PYGGML_DRY_OK:
-            text = msg.decode("utf-8", "replace").strip()
-            why = {PYGGML_DRY_SIGNAL: f"signal {how}", PYGGML_DRY_EXIT: f"exit {how}",
-                   PYGGML_DRY_TIMEOUT: f"timed out after {PROOF_TIMEOUT_S:.0f} s"}[rc]
-            raise GGMLAbort(f"Optimizer: ggml-opt would abort ({why}): {text or 'no message'}", text)
-        return 0
+            pyggml_opt_dry_run(&probe, PYGGML_PROOF_TIMEOUT_S, &st)
+        return raise_status(&st, "Optimizer (ggml-opt)")
 
     def __dealloc__(self):
         if self.ptr != NULL:
@@ -422,6 +412,7 @@ cdef class Optimizer:
         cdef Backend b
         cdef int n, n_cpu = 0
         cdef ggml_backend_t cpu[16]
+        cdef pyggml_status failed
         _epoch_lock.acquire()
         try:
             lock_backends(backends, "epoch")
@@ -457,16 +448,15 @@ cdef class Optimizer:
             raise
         try:
             run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, None, (self, dataset, state),
-                              lambda: _end_epoch(backends))
+                              lambda: _end_epoch(backends), NULL)
         except BaseException:
             _epoch_cancelled = True          # the batches left run aborted, without callbacks
             raise
         err, _callback_error = _callback_error, None
-        if state.e.exception != PYGGML_CXX_NONE:
+        if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
             for b in backends:
                 b._poisoned = True
-            raise ContextFullError("epoch: ggml-opt ran out of memory (a C++ exception); the scheduler's backends "
-                                   "are not usable any more")
+            raise_status(&failed, "epoch", "; the scheduler's backends are not usable any more")
         if err is not None:
             raise err
         return _result(state.e.result_train), _result(state.e.result_eval)
@@ -497,8 +487,6 @@ cdef int _check_forward(Graph g) except -1:
                                     f"the inputs and parameters (e.g. Backend.alloc_ctx_tensors)")
     if n_param == 0:
         raise ArgumentError("Optimizer: no parameter in the forward graph; mark the weights with pyggml.set_param")
-    cdef char msg[PYGGML_MSG_CAP]
-    cdef const char * defect = NULL
-    if pyggml_check_backward(g.ptr, msg, PYGGML_MSG_CAP, &defect) != PYGGML_OK:
-        raise UpstreamDefect(f"Optimizer: {msg.decode('utf-8', 'replace')}", defect.decode() if defect != NULL else "")
-    return 0
+    cdef pyggml_status st
+    pyggml_check_backward(g.ptr, &st)
+    return raise_status(&st, "Optimizer")

@@ -11,25 +11,51 @@ cdef extern from "pyggml_rt.h" nogil:
         int signal               # 0, or the signal the guarded call died of
         char message[1]          # really PYGGML_MSG_CAP bytes, NUL-terminated
 
+    # the outcome of every checked entry point (status.c); mapped to exceptions in one
+    # place: _core's raise_status
+    enum:
+        PYGGML_OK
+        PYGGML_REFUSED
+        PYGGML_UNCHECKED
+        PYGGML_REFUSED_TYPE
+        PYGGML_DEFECT
+        PYGGML_BAD_INDEX
+        PYGGML_NO_SEGMENTS
+        PYGGML_ABORTED
+        PYGGML_CRASHED
+        PYGGML_PROOF_SIGNAL
+        PYGGML_PROOF_EXIT
+        PYGGML_PROOF_TIMEOUT
+        PYGGML_SYSTEM
+        PYGGML_COMPUTE_FAILED
+        PYGGML_OUT_OF_MEMORY
+        PYGGML_CXX_EXCEPTION
+        PYGGML_CODE_COUNT
+    ctypedef struct pyggml_status:
+        int code
+        int how
+        const char * defect
+        const ggml_tensor * node
+        char msg[1]              # really PYGGML_MSG_CAP bytes, NUL-terminated
+    int pyggml_status_clear(pyggml_status * st)
+    int pyggml_status_from_ggml(pyggml_status * st, int ggml_status)
+    int pyggml_status_from_cxx(pyggml_status * st, int exception)
+    int pyggml_status_from_guard(pyggml_status * st, const pyggml_guard * g)
+
     enum:
         PYGGML_DRY_OK
         PYGGML_DRY_SIGNAL
         PYGGML_DRY_EXIT
         PYGGML_DRY_TIMEOUT
+    const double PYGGML_PROOF_TIMEOUT_S
 
     void pyggml_guard_install()
     int pyggml_run_on_stack(void (*fn)(void *) noexcept nogil, void * arg, size_t stack_bytes)
     int pyggml_dry_run(void (*fn)(void *) noexcept nogil, void * arg, double timeout_s,
                        char * msg, size_t cap, int * how)
 
-    enum:
-        PYGGML_OK
-        PYGGML_REFUSED
-        PYGGML_UNCHECKED
-        PYGGML_REFUSED_TYPE
-
     void pyggml_checks_init()
-    int pyggml_check_node(const ggml_tensor * node, char * msg, size_t cap, const char ** defect)
+    int pyggml_check_node(const ggml_tensor * node, pyggml_status * st)
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_rule_entry(int i, const char ** family, const char ** name)
     size_t pyggml_fab_work_bytes(int64_t D, int64_t M, int n_threads)
@@ -37,14 +63,13 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_checks_set_enabled(int enabled)
     int pyggml_checks_enabled()
     void pyggml_set_fab_batch_gqa_fixed(int fixed)
-    int pyggml_check_backward(ggml_cgraph * graph, char * msg, size_t cap, const char ** defect)
+    int pyggml_check_backward(ggml_cgraph * graph, pyggml_status * st)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
-    int pyggml_check_indices(const ggml_tensor * node, char * msg, size_t cap)
-    int pyggml_check_ready_indices(ggml_cgraph * graph, char * msg, size_t cap)
-    int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, char * msg, size_t cap, int * status)
+    int pyggml_check_indices(const ggml_tensor * node, pyggml_status * st)
+    int pyggml_check_ready_indices(ggml_cgraph * graph, pyggml_status * st)
+    int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, pyggml_status * st)
     ctypedef ggml_status (*pyggml_compute_fn)(ggml_cgraph * graph, void * arg) noexcept nogil
-    int pyggml_compute_checked_with(ggml_cgraph * graph, pyggml_compute_fn compute, void * arg, char * msg, size_t cap,
-                                    int * status)
+    int pyggml_compute_checked_with(ggml_cgraph * graph, pyggml_compute_fn compute, void * arg, pyggml_status * st)
 
     int pyggml_try_build_forward_expand(pyggml_guard * g, ggml_cgraph * graph, ggml_tensor * tensor,
                                         size_t stack_bytes)
@@ -58,8 +83,7 @@ cdef extern from "pyggml_rt.h" nogil:
         PYGGML_EXIT_OVERRUN
         PYGGML_EXIT_NO_MEMORY
     int pyggml_guarded_compute(ggml_cgraph * graph, size_t min_work, char * msg, size_t cap)
-    int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, char * msg, size_t cap,
-                           int * how)
+    int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, pyggml_status * st)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
 
@@ -71,11 +95,9 @@ cdef extern from "pyggml_rt.h" nogil:
         void (*task)(void * arg, const int * abort) noexcept nogil
         void * task_arg
         int checked
-        int check_rc
-        char check_msg[1]
+        pyggml_status result
         void (*on_done)(void *, int) noexcept nogil
         void * on_done_arg
-        int status
         int done
     int pyggml_async_start(pyggml_async * a)
     int pyggml_async_wait(pyggml_async * a, int timeout_ms)

@@ -222,23 +222,23 @@ bool pyggml_async_aborted(void * data) {
 
 static void * async_main(void * p) {
     pyggml_async * a = p;
-    int status = GGML_STATUS_SUCCESS;
+    pyggml_status result;
+    pyggml_status_clear(&result);
     if (a->task != NULL) {
         a->task(a->task_arg, &a->abort);
     } else if (a->compute != NULL) {
         if (a->checked) {
-            a->check_rc = pyggml_compute_checked_with(a->graph, a->compute, a->compute_arg, a->check_msg,
-                                                      sizeof a->check_msg, &status);
+            pyggml_compute_checked_with(a->graph, a->compute, a->compute_arg, &result);
         } else {
-            status = a->compute(a->graph, a->compute_arg);
+            pyggml_status_from_ggml(&result, a->compute(a->graph, a->compute_arg));
         }
     } else {
         a->plan->abort_callback = pyggml_async_aborted;
         a->plan->abort_callback_data = a;
         if (a->checked) {
-            a->check_rc = pyggml_compute_checked(a->graph, a->plan, a->check_msg, sizeof a->check_msg, &status);
+            pyggml_compute_checked(a->graph, a->plan, &result);
         } else {
-            status = ggml_graph_compute(a->graph, a->plan);
+            pyggml_status_from_ggml(&result, ggml_graph_compute(a->graph, a->plan));
         }
     }
     /* before done is set: a caller that sees done has not handed the clean-up over */
@@ -246,7 +246,7 @@ static void * async_main(void * p) {
     void (*on_done)(void *, int) = a->on_done;
     void * on_done_arg = a->on_done_arg;
     pthread_mutex_lock(&a->mu);
-    a->status = status;
+    a->result = result;
     a->done = 1;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
@@ -261,7 +261,7 @@ int pyggml_async_start(pyggml_async * a) {
     a->done = 0;
     a->abort = 0;
     a->handoff = 0;
-    a->status = 0;
+    pyggml_status_clear(&a->result);
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     pthread_attr_init(&attr);

@@ -1,5 +1,6 @@
 /* Guarded calls into ggml-alloc: the graph allocator asserts on what it cannot place
  * (see pyggml_rt.h, the abort guard). */
+#include <errno.h>
 #include "pyggml_rt.h"
 
 #include "ggml-alloc.h"
@@ -144,6 +145,8 @@ static void opt_probe(void * arg) {
     ggml_opt_eval(opt, result);
 }
 
-int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how) {
-    return pyggml_dry_run(opt_probe, probe, timeout_s, msg, cap, how);
+int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st) {
+    int how = 0;
+    const int rc = pyggml_dry_run(opt_probe, probe, timeout_s, st->msg, sizeof st->msg, &how);
+    return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }

@@ -65,15 +65,12 @@ static int strides_overlap(const int64_t ne[4], const size_t nb[4], size_t elsiz
     return 0;
 }
 
-int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect) {
-    pg_why why = {msg, cap, NULL};
+int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
+    pg_why why = {st->msg, sizeof st->msg, NULL};
     pg_ptrset needs = {0};      /* tensors whose gradient is needed (params and what they feed) */
     pg_ptrset has = {0};        /* nodes that get a gradient (a loss, or what feeds one) */
     int rc = PYGGML_OK;
-    *defect = NULL;
-    if (cap > 0) {
-        msg[0] = '\0';
-    }
+    pyggml_status_clear(st);
     if (!pg_rules_enabled()) {
         return PYGGML_OK;
     }
@@ -191,6 +188,9 @@ int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, co
     }
     pg_ptrset_free(&needs);
     pg_ptrset_free(&has);
-    *defect = why.defect;
-    return rc;
+    if (rc != PYGGML_OK) {
+        st->defect = why.defect;    /* every refusal here is a known defect */
+        rc = why.defect != NULL ? PYGGML_DEFECT : rc;
+    }
+    return st->code = rc;
 }

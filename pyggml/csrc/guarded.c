@@ -8,6 +8,7 @@
  * page, or damages a canary, and the child says which tensor before it dies.
  * See pyggml_rt.h. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include "pyggml_rt.h"
 
 #include <signal.h>
@@ -247,8 +248,9 @@ static void prove_child(void * p) {
     }
 }
 
-int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s, char * msg, size_t cap,
-                       int * how) {
+int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s, pyggml_status * st) {
     struct prove_args a = {graph, min_work};
-    return pyggml_dry_run(prove_child, &a, timeout_s, msg, cap, how);
+    int how = 0;
+    const int rc = pyggml_dry_run(prove_child, &a, timeout_s, st->msg, sizeof st->msg, &how);
+    return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }

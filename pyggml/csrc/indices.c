@@ -47,12 +47,9 @@ struct ggml_tensor * pyggml_index_tensor(const struct ggml_tensor * t) {
     return o == NULL ? NULL : t->src[o->src];
 }
 
-int pyggml_check_indices(const struct ggml_tensor * t, char * msg, size_t cap) {
-    pg_why why = {msg, cap, NULL};
+int pyggml_check_indices(const struct ggml_tensor * t, pyggml_status * st) {
     const index_op * o = find(t);
-    if (cap > 0) {
-        msg[0] = '\0';
-    }
+    pyggml_status_clear(st);
     if (o == NULL || t->src[o->src] == NULL) {
         return PYGGML_OK;
     }
@@ -73,10 +70,11 @@ int pyggml_check_indices(const struct ggml_tensor * t, char * msg, size_t cap) {
                                      i2 * idx->nb[2] + i3 * idx->nb[3];
                     int64_t v = idx->type == GGML_TYPE_I32 ? (int64_t) *(const int32_t *) p : *(const int64_t *) p;
                     if (v < 0 || v >= bound) {
-                        return pg_refuse(&why, "%s: index %lld at (%lld, %lld, %lld, %lld) of src%d is outside the "
-                                         "%lld %s", ggml_op_name(t->op), (long long) v, (long long) i0,
-                                         (long long) i1, (long long) i2, (long long) i3, o->src,
-                                         (long long) bound, o->what);
+                        return pyggml_status_set(st, PYGGML_BAD_INDEX, 0, NULL, t,
+                                                 "%s: index %lld at (%lld, %lld, %lld, %lld) of src%d is outside "
+                                                 "the %lld %s", ggml_op_name(t->op), (long long) v, (long long) i0,
+                                                 (long long) i1, (long long) i2, (long long) i3, o->src,
+                                                 (long long) bound, o->what);
                     }
                 }
             }
@@ -102,13 +100,14 @@ static int produced_in_graph(struct ggml_cgraph * graph, int upto, const struct 
     return 0;
 }
 
-int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * msg, size_t cap) {
+int pyggml_check_ready_indices(struct ggml_cgraph * graph, pyggml_status * st) {
     const int n = ggml_graph_n_nodes(graph);
+    pyggml_status_clear(st);
     for (int i = 0; i < n; i++) {
         struct ggml_tensor * t = ggml_graph_node(graph, i);
         struct ggml_tensor * idx = pyggml_index_tensor(t);
-        if (idx != NULL && !produced_in_graph(graph, i, idx) && pyggml_check_indices(t, msg, cap) != PYGGML_OK) {
-            return PYGGML_REFUSED;
+        if (idx != NULL && !produced_in_graph(graph, i, idx) && pyggml_check_indices(t, st) != PYGGML_OK) {
+            return st->code;
         }
     }
     return PYGGML_OK;
@@ -118,19 +117,15 @@ static enum ggml_status compute_cplan(struct ggml_cgraph * graph, void * plan) {
     return ggml_graph_compute(graph, (struct ggml_cplan *) plan);
 }
 
-int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg, size_t cap,
-                           int * status) {
-    return pyggml_compute_checked_with(graph, compute_cplan, plan, msg, cap, status);
+int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, pyggml_status * st) {
+    return pyggml_compute_checked_with(graph, compute_cplan, plan, st);
 }
 
-int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg, char * msg,
-                                size_t cap, int * status) {
+int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg,
+                                pyggml_status * st) {
     const int n = ggml_graph_n_nodes(graph);
     int late = 0;
-    *status = GGML_STATUS_SUCCESS;
-    if (cap > 0) {
-        msg[0] = '\0';
-    }
+    pyggml_status_clear(st);
     /* indices that exist before the graph runs: check them all first */
     for (int i = 0; i < n; i++) {
         struct ggml_tensor * t = ggml_graph_node(graph, i);
@@ -140,13 +135,12 @@ int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn co
         }
         if (produced_in_graph(graph, i, idx)) {
             late++;
-        } else if (pyggml_check_indices(t, msg, cap) != PYGGML_OK) {
-            return PYGGML_REFUSED;
+        } else if (pyggml_check_indices(t, st) != PYGGML_OK) {
+            return st->code;
         }
     }
     if (late == 0) {
-        *status = compute(graph, arg);
-        return PYGGML_OK;
+        return pyggml_status_from_ggml(st, compute(graph, arg));
     }
 #if PYGGML_HAVE_COMPUTE_FLAG
     /* indices the graph computes: run it in segments that end before each such node
@@ -154,14 +148,13 @@ int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn co
      * check the node's indices in between */
     int32_t * flags = malloc(sizeof(int32_t) * (size_t) (n > 0 ? n : 1));
     if (flags == NULL) {
-        snprintf(msg, cap, "out of memory");
-        return PYGGML_REFUSED;
+        return pyggml_status_set(st, PYGGML_OUT_OF_MEMORY, 0, NULL, NULL, "no memory for the graph's %d flags", n);
     }
     for (int i = 0; i < n; i++) {
         flags[i] = ggml_graph_node(graph, i)->flags;
     }
-    int rc = PYGGML_OK, start = 0;
-    while (start < n && rc == PYGGML_OK && *status == GGML_STATUS_SUCCESS) {
+    int start = 0;
+    while (start < n && st->code == PYGGML_OK) {
         int end = start + 1;
         while (end < n) {
             struct ggml_tensor * t = ggml_graph_node(graph, end);
@@ -175,9 +168,8 @@ int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn co
             struct ggml_tensor * t = ggml_graph_node(graph, i);
             t->flags = (i >= start && i < end) ? flags[i] : (flags[i] & ~GGML_TENSOR_FLAG_COMPUTE);
         }
-        *status = compute(graph, arg);
-        if (end < n && *status == GGML_STATUS_SUCCESS) {
-            rc = pyggml_check_indices(ggml_graph_node(graph, end), msg, cap);
+        if (pyggml_status_from_ggml(st, compute(graph, arg)) == PYGGML_OK && end < n) {
+            pyggml_check_indices(ggml_graph_node(graph, end), st);
         }
         start = end;
     }
@@ -185,10 +177,10 @@ int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn co
         ggml_graph_node(graph, i)->flags = flags[i];
     }
     free(flags);
-    return rc;
+    return st->code;
 #else
-    snprintf(msg, cap, "this ggml has no GGML_TENSOR_FLAG_COMPUTE: pyggml cannot check the indices a graph "
-             "computes before the node that reads them (ggml >= 0.13 can)");
-    return PYGGML_UNCHECKED;
+    return pyggml_status_set(st, PYGGML_NO_SEGMENTS, 0, NULL, NULL,
+                             "this ggml has no GGML_TENSOR_FLAG_COMPUTE: pyggml cannot check the indices a graph "
+                             "computes before the node that reads them (ggml >= 0.13 can)");
 #endif
 }

@@ -265,31 +265,33 @@ too_far:
                      t->view_offs, NE_ARGS(t));
 }
 
-int pyggml_check_node(const struct ggml_tensor * t, char * msg, size_t cap, const char ** defect) {
-    pg_why why = {msg, cap, NULL};
+int pyggml_check_node(const struct ggml_tensor * t, pyggml_status * st) {
+    pg_why why = {st->msg, sizeof st->msg, NULL};
     ensure_init();
-    if (cap > 0) {
-        msg[0] = '\0';
-    }
-    *defect = NULL;
+    pyggml_status_clear(st);
     if (!__atomic_load_n(&rules_enabled, __ATOMIC_RELAXED)) {
-        return PYGGML_UNCHECKED;
+        return st->code = PYGGML_UNCHECKED;
     }
-    const int shape = check_shape(t, &why);     /* first, whatever the op: see check_shape */
-    if (shape != PYGGML_OK) {
-        return shape;
+    int rc = check_shape(t, &why);      /* first, whatever the op: see check_shape */
+    if (rc == PYGGML_OK) {
+        /* the unary/glu sub-op is op_params[0] (ggml_get_unary_op, ggml_get_glu_op) */
+        pg_rule rule = rule_for((int) t->op, t->op_params[0]);
+        if (rule == NULL) {
+            return st->code = PYGGML_UNCHECKED;
+        }
+        if (ggml_is_empty(t)) {
+            return PYGGML_OK;           /* ggml_compute_forward skips a node with no elements */
+        }
+        rc = rule(t, &why);
     }
-    /* the unary/glu sub-op is op_params[0] (ggml_get_unary_op, ggml_get_glu_op) */
-    pg_rule rule = rule_for((int) t->op, t->op_params[0]);
-    if (rule == NULL) {
-        return PYGGML_UNCHECKED;
+    if (rc == PYGGML_REFUSED || rc == PYGGML_REFUSED_TYPE) {
+        st->node = t;
+        if (why.defect != NULL) {
+            st->defect = why.defect;
+            rc = PYGGML_DEFECT;
+        }
     }
-    if (ggml_is_empty(t)) {
-        return PYGGML_OK;       /* ggml_compute_forward skips a node with no elements */
-    }
-    int rc = rule(t, &why);
-    *defect = why.defect;
-    return rc;
+    return st->code = rc;
 }
 
 int pg_rules_enabled(void) {

@@ -27,6 +27,52 @@ extern "C" {
 
 #define PYGGML_MSG_CAP 1024
 
+/* --- the outcome of every checked entry point (status.c) --------------------------------
+ * Each entry point of this runtime that can refuse or fail fills one pyggml_status and
+ * returns its code; pyggml's Cython side maps the record to an exception class in one
+ * place (_core's raise_status, from one table). PYGGML_UNCHECKED is not a failure: the
+ * node has no rule, and the caller proves its graph another way. */
+enum pyggml_code {
+    PYGGML_OK = 0,
+    PYGGML_REFUSED = 1,         /* a node's kernel would abort or misread it: why in msg */
+    PYGGML_UNCHECKED = 2,       /* pyggml has no rule for this node's op of the linked ggml */
+    PYGGML_REFUSED_TYPE = 3,    /* a type the node's kernel does not take */
+    PYGGML_DEFECT = 4,          /* a known upstream defect: defect is its pyggml.defects id */
+    PYGGML_BAD_INDEX = 5,       /* an index out of range, found right before its node (those before ran) */
+    PYGGML_NO_SEGMENTS = 6,     /* this ggml cannot compute a graph in segments (nothing ran) */
+    PYGGML_ABORTED = 7,         /* ggml aborted (a failed GGML_ASSERT) in a guarded call: msg is its message */
+    PYGGML_CRASHED = 8,         /* a guarded call faulted: how is the signal */
+    PYGGML_PROOF_SIGNAL = 9,    /* a forked proof's child died of signal how (an abort is SIGABRT) */
+    PYGGML_PROOF_EXIT = 10,     /* a forked proof's child exited with status how */
+    PYGGML_PROOF_TIMEOUT = 11,  /* a forked proof's child ran past how seconds (it was killed) */
+    PYGGML_SYSTEM = 12,         /* fork, pipe or a thread could not be made: how is errno */
+    PYGGML_COMPUTE_FAILED = 13, /* ggml's compute returned how, a ggml_status other than success */
+    PYGGML_OUT_OF_MEMORY = 14,  /* ggml's C++ threw std::bad_alloc, or pyggml's runtime ran out */
+    PYGGML_CXX_EXCEPTION = 15,  /* ggml's C++ threw another exception */
+    PYGGML_CODE_COUNT
+};
+typedef struct pyggml_status {
+    int code;                           /* enum pyggml_code */
+    int how;                            /* per code: a signal, an exit status, seconds, errno, ggml_status */
+    const char * defect;                /* PYGGML_DEFECT: the id (a PG_DEFECT_* string); else NULL */
+    const struct ggml_tensor * node;    /* the node a rule refused, or NULL */
+    char msg[PYGGML_MSG_CAP];          /* why, in words; "" if nothing more to say */
+} pyggml_status;
+
+/* st cleared to PYGGML_OK; returns PYGGML_OK */
+PYGGML_RT_API int pyggml_status_clear(pyggml_status * st);
+/* st set to code (how, defect, node, and the message fmt): returns code */
+PYGGML_RT_API int pyggml_status_set(pyggml_status * st, int code, int how, const char * defect,
+                                    const struct ggml_tensor * node, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+/* a ggml_status (or a PYGGML_STATUS_CXX_* of the nothrow wrappers) into st: returns its code */
+PYGGML_RT_API int pyggml_status_from_ggml(pyggml_status * st, int ggml_status);
+/* what a nothrow wrapper caught (PYGGML_CXX_*, below) into st: returns its code */
+PYGGML_RT_API int pyggml_status_from_cxx(pyggml_status * st, int exception);
+
 /* --- the abort guard ------------------------------------------------------------------
  * ggml reports a failed GGML_ASSERT by calling its abort callback, then abort().
  * pyggml's callback jumps back (longjmp) into the innermost guarded call of the calling
@@ -49,6 +95,8 @@ typedef struct pyggml_guard {
 PYGGML_RT_API void pyggml_guard_install(void);
 PYGGML_RT_API void pyggml_guard_enter(pyggml_guard * g);
 PYGGML_RT_API void pyggml_guard_leave(pyggml_guard * g);
+/* what a guarded call that did not return tells: PYGGML_ABORTED or PYGGML_CRASHED */
+PYGGML_RT_API int pyggml_status_from_guard(pyggml_status * st, const pyggml_guard * g);
 
 /* Use as: pyggml_guard_enter(&g); if (setjmp(g.env) == 0) { call; pyggml_guard_leave(&g); ok }
  * else { aborted: g.message }. The setjmp must be in the frame that makes the call. */
@@ -105,11 +153,9 @@ typedef struct pyggml_async {
     void (*task)(void * arg, const int * abort);   /* abort: non-zero once the caller gave up */
     void * task_arg;
     int checked;            /* compute through pyggml_compute_checked (index ops) */
-    int check_rc;           /* its result */
-    char check_msg[PYGGML_MSG_CAP];
+    pyggml_status result;   /* a compute's outcome, valid once done (a task reports its own) */
     void (*on_done)(void *, int cleanup);
     void * on_done_arg;
-    int status;             /* ggml_status, valid once done */
     int done;
     int abort;
     int handoff;
@@ -138,8 +184,14 @@ PYGGML_RT_API int pyggml_openmp_loaded(void);        /* 1: the caller cleans up 
  * when it ran longer than timeout_s (it is killed); -1 on a system error (errno set).
  * Safe against EINTR; the child is always reaped. Call with the GIL released. */
 enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY_TIMEOUT = 3 };
+/* how long pyggml lets a forked proof run (a graph's, the optimizer's) before it kills it */
+#define PYGGML_PROOF_TIMEOUT_S 600.0
 PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s,
                                  char * msg, size_t cap, int * how);
+/* a dry run's result (rc, how) into st, whose msg holds the child's message: a child of
+ * the guarded compute that exited PYGGML_EXIT_GUARD or _OVERRUN is PYGGML_DEFECT
+ * "kernel-out-of-bounds"; returns st->code */
+PYGGML_RT_API int pyggml_status_from_dry_run(pyggml_status * st, int rc, int how, double timeout_s);
 
 /* --- the guarded compute -------------------------------------------------------------
  * Computes graph on one thread with every tensor's data and the work buffer (at least
@@ -154,50 +206,43 @@ PYGGML_RT_API int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_
  * when a kernel touched a guard page, PYGGML_EXIT_OVERRUN when it wrote past a tensor's
  * end without reaching one (damaged canary bytes); msg says which tensor. */
 enum { PYGGML_EXIT_GUARD = 95, PYGGML_EXIT_NO_MEMORY = 96, PYGGML_EXIT_OVERRUN = 97 };
+/* Returns st->code: PYGGML_OK, _DEFECT (kernel-out-of-bounds), _PROOF_*, or _SYSTEM. */
 PYGGML_RT_API int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
-                                     char * msg, size_t cap, int * how);
+                                     pyggml_status * st);
 
 /* --- kernel preconditions ----------------------------------------------------------------- */
-enum pyggml_check {
-    PYGGML_OK = 0,          /* the CPU kernel of node->op runs on this node */
-    PYGGML_REFUSED = 1,     /* it would abort or misbehave: why in msg */
-    PYGGML_UNCHECKED = 2,   /* pyggml has no rule for this op of the linked ggml */
-    PYGGML_REFUSED_TYPE = 3,/* refused for a type the kernel does not take: why in msg */
-};
 
 /* Initialise the op -> rule table from the linked ggml's op names (idempotent). */
 PYGGML_RT_API void pyggml_checks_init(void);
-/* The rule for node->op (and its unary/glu sub-op): PYGGML_OK, _REFUSED (why in msg;
- * *defect names a pyggml.defects id when the refusal is a known upstream defect, else
- * NULL) or _UNCHECKED. Before any rule, and for ops without one, the node's shape:
- * ne >= 0, element and byte counts (and the bytes its strides reach) within int64, else
- * _REFUSED (off, like the rules, while pyggml_checks_set_enabled(0)). */
-PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, char * msg, size_t cap,
-                                    const char ** defect);
+/* The rule for node->op (and its unary/glu sub-op): PYGGML_OK, _REFUSED, _REFUSED_TYPE,
+ * _DEFECT (a known upstream defect) or _UNCHECKED, in st (st->node = node when refused).
+ * Before any rule, and for ops without one, the node's shape: ne >= 0, element and byte
+ * counts (and the bytes its strides reach) within int64, else _REFUSED (off, like the
+ * rules, while pyggml_checks_set_enabled(0)). */
+PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, pyggml_status * st);
 /* Index data (indices.c): the source of an op that holds positions into another tensor
  * (GET_ROWS, SET_ROWS, ADD_ID, MUL_MAT_ID, SSM_SCAN, ...), or NULL; and a check of its
- * values, to run right before the node computes: PYGGML_OK, or PYGGML_REFUSED with the
- * first index out of range in msg. */
+ * values, to run right before the node computes: PYGGML_OK, or PYGGML_BAD_INDEX with the
+ * first index out of range in st->msg. */
 PYGGML_RT_API struct ggml_tensor * pyggml_index_tensor(const struct ggml_tensor * node);
-PYGGML_RT_API int pyggml_check_indices(const struct ggml_tensor * node, char * msg, size_t cap);
+PYGGML_RT_API int pyggml_check_indices(const struct ggml_tensor * node, pyggml_status * st);
 /* The indices that exist before the graph runs (not computed by it): PYGGML_OK or
- * PYGGML_REFUSED (msg). */
-PYGGML_RT_API int pyggml_check_ready_indices(struct ggml_cgraph * graph, char * msg, size_t cap);
+ * PYGGML_BAD_INDEX. */
+PYGGML_RT_API int pyggml_check_ready_indices(struct ggml_cgraph * graph, pyggml_status * st);
 /* ggml_graph_compute, with every index op's indices checked before the node runs: those
  * that exist before the compute first, those the graph computes between segments of it.
- * PYGGML_OK (then *status is ggml's), PYGGML_REFUSED (msg: the first bad index; nothing
- * after it ran), or PYGGML_UNCHECKED (this ggml cannot run segments; nothing ran). */
+ * The outcome in st: PYGGML_OK, _BAD_INDEX (nothing after it ran), _NO_SEGMENTS (this
+ * ggml cannot run segments; nothing ran), or ggml's own failure (pyggml_status_from_ggml). */
 struct ggml_cplan;
-PYGGML_RT_API int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, char * msg,
-                                         size_t cap, int * status);
+PYGGML_RT_API int pyggml_compute_checked(struct ggml_cgraph * graph, struct ggml_cplan * plan, pyggml_status * st);
 /* the same, computing each segment with compute(graph, arg) (a backend's graph compute) */
 typedef enum ggml_status (*pyggml_compute_fn)(struct ggml_cgraph * graph, void * arg);
 PYGGML_RT_API int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg,
-                                              char * msg, size_t cap, int * status);
+                                              pyggml_status * st);
 
 /* Known defects of ggml's backward pass that this forward graph would hit (pyggml.defects):
- * PYGGML_OK, or PYGGML_REFUSED with the defect's id in *defect and why in msg. */
-PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, char * msg, size_t cap, const char ** defect);
+ * PYGGML_OK, or PYGGML_DEFECT (st->defect its id). */
+PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st);
 
 /* Testing only: with rules disabled every node reads as PYGGML_UNCHECKED (so graphs are
  * proven in a guarded child); returns the previous setting. */
@@ -269,7 +314,8 @@ typedef struct pyggml_opt_probe {
     ggml_opt_dataset_t dataset;
     ggml_backend_t cpu;            /* the scheduler's CPU backend: one thread in the child */
 } pyggml_opt_probe;
-PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, char * msg, size_t cap, int * how);
+/* the outcome as pyggml_prove_graph's */
+PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st);
 
 /* --- no C++ exception crosses into Python (nothrow.cpp) ------------------------------------
  * Each wrapper calls ggml's C++ code in a try block: an exception becomes the error value
