@@ -1,10 +1,12 @@
-"""The attention gradients along five independent paths (the ``attention`` subject of
-:mod:`pyggml.parity`).
+"""The attention gradients along five independent paths: what the ``attention`` subject
+of :mod:`pyggml.parity` computes (pyggml.parity.subjects.AttentionSubject runs them,
+compares them and reports like every other subject).
 
-Paths (each returns dq, dk, dv for PyTorch-layout float32 inputs):
+Paths (each returns dq, dk, dv for PyTorch-layout float32 inputs), by their names in
+the sweep:
 
-``kernel``
-    ggml's FLASH_ATTN_BACK CPU kernel through :func:`pyggml.flash_attn_back`.
+``ggml``
+    ggml's FLASH_ATTN_BACK CPU kernel through :func:`pyggml.flash_attn_back` (path_kernel).
 ``blocked``
     pyggml's own blocked kernel (csrc/attn_blocked.c), :func:`pyggml.attention_backward`.
 ``autodiff``
@@ -33,26 +35,35 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Callable
+import re
 
 import numpy as np
 
 import pyggml
 from pyggml import reference
-from pyggml.errors import UpstreamDefect
+from pyggml.errors import ArgumentError, UpstreamDefect
 from pyggml.attention import flash_attn_back_grads
-from pyggml.reference import nmse
 
 NMSE_REF = 1e-7
 NMSE_F32 = (2 * math.sqrt(NMSE_REF)) ** 2     # 4e-7, see the module docstring
 
 
 class Refused(Exception):
-    """A path declines a configuration for a known upstream defect."""
+    """A path declines a configuration for a known upstream defect (``.defect``: its id)."""
+
+    def __init__(self, message: str, defect: str):
+        super().__init__(message)
+        self.defect = defect
+
+
+_NAME = re.compile(r"D(\d+)-N(\d+)-M(\d+)-H(\d+)-KVH(\d+)-B(\d+)(-masked)?")
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
+class Config:
+    """One attention configuration: head size D, N queries, M keys, H query heads, KVH
+    kv heads, batch B, causal mask. Its ``name`` is the parity case's label, and
+    :meth:`from_name` reads it back (any configuration is a case of the subject)."""
     D: int
     N: int
     M: int
@@ -66,6 +77,13 @@ class Case:
         return (f"D{self.D}-N{self.N}-M{self.M}-H{self.H}-KVH{self.KVH}-B{self.B}"
                 f"{'-masked' if self.masked else ''}")
 
+    @classmethod
+    def from_name(cls, name: str) -> "Config":
+        m = _NAME.fullmatch(name)
+        if m is None:
+            raise ArgumentError(f"not an attention configuration: {name!r} (D..-N..-M..-H..-KVH..-B..[-masked])")
+        return cls(*(int(g) for g in m.groups()[:6]), m.group(7) is not None)
+
     def inputs(self, seed: int = 0):
         rng = np.random.default_rng(seed)
         q = rng.standard_normal((self.B, self.H, self.N, self.D)).astype(np.float32)
@@ -75,14 +93,14 @@ class Case:
         return q, k, v, d
 
 
-def sweep(quick: bool = False) -> list[Case]:
+def sweep(quick: bool = False) -> list[Config]:
     """The cases: ``quick`` is a subset that runs in seconds."""
     if quick:
         Ds, NMs, gqas, Bs = [1, 17, 64], [(1, 5), (6, 6), (4, 7)], [1, 4], [1, 2]
     else:
         Ds, NMs, gqas, Bs = [1, 3, 17, 64, 80, 128, 256], [(1, 5), (6, 6), (4, 7), (16, 24), (33, 47)], [1, 2, 4], \
             [1, 2, 3]
-    return [Case(D, N, M, 2 * g, 2, B, masked)
+    return [Config(D, N, M, 2 * g, 2, B, masked)
             for D, (N, M), g, B, masked in itertools.product(Ds, NMs, gqas, Bs, (False, True))]
 
 
@@ -109,7 +127,7 @@ def path_kernel(q, k, v, d, masked, n_threads=None):
         try:
             r = pyggml.flash_attn_back(ctx, tq, tk, tv, td, masked)
         except UpstreamDefect as e:
-            raise Refused(f"{e.defect}: {e}") from None
+            raise Refused(f"{e.defect}: {e}", e.defect) from None
         graph = pyggml.Graph(ctx)
         graph.build_forward_expand(r)
         graph.compute(n_threads)
@@ -184,79 +202,3 @@ def path_torch(q, k, v, d, masked, n_threads=None):
     out = torch.nn.functional.scaled_dot_product_attention(tq, kh, vh, attn_mask=mask)
     out.backward(torch.from_numpy(d))
     return tuple(t.grad.numpy() for t in (tq, tk, tv))
-
-
-PATHS: dict[str, Callable] = {
-    "kernel": path_kernel,
-    "blocked": path_blocked,
-    "autodiff": path_autodiff,
-    "reference": path_reference,
-    "torch": path_torch,
-}
-
-
-def available_paths(no_torch: bool = False) -> list[str]:
-    names = ["kernel", "blocked", "autodiff", "reference"]
-    if not no_torch and torch_available():
-        names.append("torch")
-    return names
-
-
-# --- comparing ------------------------------------------------------------------
-
-def compare(a_grads, b_grads, tol):
-    """Worst NMSE and max abs error over dq, dk, dv; b is the reference side."""
-    worst = 0.0
-    max_abs = 0.0
-    for ga, gb in zip(a_grads, b_grads):
-        if np.shape(ga) != np.shape(gb):
-            return math.inf, math.inf, False
-        worst = max(worst, nmse(ga, gb))
-        max_abs = max(max_abs, float(np.max(np.abs(np.asarray(ga, np.float64) - gb))) if np.size(gb) else 0.0)
-    return worst, max_abs, bool(worst <= tol)
-
-
-def run(cases, paths, n_threads=None, paths_impl=None, seed=0):
-    """Run every path on every case and compare every pair.
-
-    Returns a list of dicts ``{case, a, b, nmse, max_abs, tol, ok, refused}``;
-    a path refused for a known upstream defect gives rows with ``refused`` set
-    (the reason) and ``ok`` True: a known, reported gap, not a failure.
-    """
-    impl = dict(PATHS)
-    if paths_impl:
-        impl.update(paths_impl)
-    rows = []
-    for case in cases:
-        q, k, v, d = case.inputs(seed)
-        results, refused = {}, {}
-        for name in paths:
-            try:
-                results[name] = impl[name](q, k, v, d, case.masked, n_threads)
-            except Refused as e:
-                refused[name] = str(e)
-        for a, b in itertools.combinations(paths, 2):
-            if a == "reference":
-                a, b = b, a                      # the reference is always side b
-            tol = NMSE_REF if b == "reference" else NMSE_F32
-            row = {"case": case.name, "a": a, "b": b, "tol": tol}
-            why = refused.get(a) or refused.get(b)
-            if why:
-                row.update(nmse=None, max_abs=None, ok=True, refused=why)
-            else:
-                err, max_abs, ok = compare(results[a], results[b], tol)
-                row.update(nmse=err, max_abs=max_abs, ok=ok, refused=None)
-            rows.append(row)
-    return rows
-
-
-def format_table(rows) -> str:
-    out = [f"{'case':34s} {'pair':20s} {'NMSE':>10s} {'max abs':>10s}  verdict"]
-    for r in rows:
-        pair = f"{r['a']}~{r['b']}"
-        if r["refused"]:
-            out.append(f"{r['case']:34s} {pair:20s} {'-':>10s} {'-':>10s}  refused: known upstream defect")
-        else:
-            verdict = "ok" if r["ok"] else f"FAIL (> {r['tol']:.0e})"
-            out.append(f"{r['case']:34s} {pair:20s} {r['nmse']:10.2e} {r['max_abs']:10.2e}  {verdict}")
-    return "\n".join(out)

@@ -217,10 +217,15 @@ class AttentionSubject(Subject):
     def cases(self, seed: int, quick: bool) -> list[Case]:
         full = self._sweep(False)
         chosen = self._sweep(quick)
-        return [Case(self.name, "F32", full.index(c), seed, c.name) for c in chosen]
+        return [self.case(c, seed, full.index(c)) for c in chosen]
+
+    def case(self, config: Any, seed: int = 0, index: int = 0) -> Case:
+        """The case of any attention configuration (pyggml.parity.attention.Config): its
+        label is the configuration's name, which compute reads back."""
+        return Case(self.name, "F32", index, seed, config.name)
 
     def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
-        c = self._sweep(False)[case.index]
+        c = self._a.Config.from_name(case.label)
         q, k, v, d = c.inputs(case.seed)
         try:
             if path in ("ggml", "blocked", "autodiff"):
@@ -231,7 +236,7 @@ class AttentionSubject(Subject):
                 grads = (self._a.path_reference if path == "reference" else self._a.path_torch)(q, k, v, d, c.masked)
             return Outcome([np.asarray(g) for g in grads])
         except self._a.Refused as e:
-            return Outcome(verdict="refused", detail=str(e), defect=str(e).split(":")[0])
+            return Outcome(verdict="refused", detail=str(e), defect=e.defect)
         except GGMLError as e:
             return _outcome_of(e)
 
@@ -239,12 +244,11 @@ class AttentionSubject(Subject):
         return self._a.NMSE_REF if b == "reference" else self._a.NMSE_F32
 
     def repro(self, case: Case) -> str:
-        c = self._sweep(False)[case.index]
-        return (f"import pyggml.parity.attention as A\n"
-                f"c = A.Case({c.D}, {c.N}, {c.M}, {c.H}, {c.KVH}, {c.B}, {c.masked})\n"
-                f"q, k, v, d = c.inputs({case.seed})\n"
-                f"rows = A.run([c], A.available_paths(), seed={case.seed})\n"
-                f"print(A.format_table(rows))\n")
+        return (f"from pyggml import parity\n"
+                f"from pyggml.parity.report import format_rows\n"
+                f"rows, _ = parity.check_case(parity.Case({case.subject!r}, {case.type!r}, {case.index}, "
+                f"{case.seed}, {case.label!r}))\n"
+                f"print(format_rows(rows))\n")
 
 
 _USER: dict[str, Subject] = {}
