@@ -177,18 +177,13 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
 cdef int begin_compute(Graph graph, tuple backends, str what) except -1:
     """The shared prologue of a backend compute: the graph allocated and idle; then the
     backends locked and the graph busy (compute_locked gives both back)."""
-    graph._check()
-    if graph._still_unallocated():
-        raise ArgumentError(f"{what}: the graph has tensors without data (from a no_alloc context whose tensors "
-                            f"are not allocated in a backend buffer yet, or whose allocation was replaced or "
-                            f"freed): allocate it")
-    if graph._busy:
-        raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
+    graph._ready(what)
     lock_backends(backends, what)
-    if graph._busy:                  # another thread took it while this one waited for the locks
+    try:
+        graph._take(what)
+    except BaseException:
         unlock_backends(backends)
-        raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
-    graph._set_busy(True)
+        raise
     return 0
 
 

@@ -373,13 +373,9 @@ cdef class CpuExecutor(Executor):
         if use_ref and not PYGGML_HAVE_USE_REF:
             raise GGMLVersionError(f"compute: use_ref needs ggml_cplan.use_ref, which ggml {c_ggml_version().decode()} "
                                    f"lacks")
-        if graph._still_unallocated():
-            raise ArgumentError("compute: the graph has tensors without data (from a no_alloc context whose "
-                                "tensors are not allocated in a backend buffer yet)")
-        if graph._busy:
-            raise GraphBusyError("compute: this graph is already being computed in another thread")
+        graph._ready("compute")
         # from here until the end, no other thread may compute or change the graph
-        graph._set_busy(True)
+        graph._take("compute")
         cdef ggml_threadpool * tp = NULL
         cdef ggml_cplan plan
         cdef size_t work_size

@@ -46,6 +46,8 @@ cdef class Graph:
     cdef int _check(self) except -1
     cdef int _check_idle(self) except -1
     cdef bint _still_unallocated(self)
+    cdef int _ready(self, str what) except -1
+    cdef int _take(self, str what) except -1
     cdef int _add_contexts(self, Context c) except -1
     cdef object _hold(self)
     cdef object _tensor(self, ggml_tensor * p)

@@ -133,6 +133,29 @@ cdef class Graph:
             raise GraphBusyError("the graph is being computed in another thread")
         return self._check()
 
+    cdef int _ready(self, str what) except -1:
+        """The first half of every executor's prologue (Graph.compute's, a Backend's, a
+        Scheduler's, compare_graph_backend's): the graph open, every tensor with data,
+        no other thread computing it. Then the executor takes what it computes with
+        (backends' locks) and the graph (_take)."""
+        self._check()
+        if self._still_unallocated():
+            raise ArgumentError(f"{what}: the graph has tensors without data (from a no_alloc context whose "
+                                f"tensors are not allocated in a backend buffer yet, or whose allocation was "
+                                f"replaced or freed): allocate it")
+        if self._busy:
+            raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
+        return 0
+
+    cdef int _take(self, str what) except -1:
+        """The second half: the graph busy until the executor gives it back
+        (_set_busy(False)); refused if another thread took it meanwhile (while this one
+        waited for a backend's lock)."""
+        if self._busy:
+            raise GraphBusyError(f"{what}: this graph is already being computed in another thread")
+        self._set_busy(True)
+        return 0
+
     cdef bint _still_unallocated(self):
         """Whether a tensor of the graph still has no data (tensors of a no_alloc context
         get theirs later, from a backend buffer; an allocation released clears what it
