@@ -110,7 +110,7 @@ cdef ggml_status _compute_on(ggml_cgraph * graph, void * backend) noexcept nogil
     return pyggml_backend_compute_nothrow(graph, backend)
 
 
-cdef int _raise_compute(const pyggml_status * st, str what, tuple backends) except -1:
+cdef int _raise_compute(pyggml_status * st, str what, tuple backends) except -1:
     """Raise a backend compute's outcome (raise_status); when ggml's C++ threw, the
     backends are unusable first (the CPU backend frees its work buffer before it fails
     to grow it: see Backend._poisoned)."""

@@ -27,7 +27,7 @@ _STATUS_TABLE = {
 }
 
 
-cdef int raise_status(const pyggml_status * st, str where, str detail="", tuple names=(),
+cdef int raise_status(pyggml_status * st, str where, str detail="", tuple names=(),
                       tuple tensors=()) except -1:
     """Raise the exception of a C outcome (nothing for PYGGML_OK and PYGGML_UNCHECKED,
     which are not failures). ``where``: the public call it happened in; ``detail``
