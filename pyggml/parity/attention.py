@@ -82,7 +82,8 @@ class Config:
         m = _NAME.fullmatch(name)
         if m is None:
             raise ArgumentError(f"not an attention configuration: {name!r} (D..-N..-M..-H..-KVH..-B..[-masked])")
-        return cls(*(int(g) for g in m.groups()[:6]), m.group(7) is not None)
+        D, N, M, H, KVH, B = (int(g) for g in m.groups()[:6])
+        return cls(D, N, M, H, KVH, B, m.group(7) is not None)
 
     def inputs(self, seed: int = 0):
         rng = np.random.default_rng(seed)
