@@ -120,6 +120,18 @@ X16 = X.astype(np.float16)
 KPE = pyggml.KernelPreconditionError
 TYPE_ERR = pyggml.GGMLTypeError
 FAILS = ("abort", "out-of-bounds")
+
+
+def refused_and_kernel_fails(build, exc, match, defect):
+    """Both sides of one refusal clause: ``build(ctx)`` raises ``exc`` matching
+    ``match`` (with the defect id ``defect``, if any), and the same node with the rules
+    off makes the CPU kernel abort or go out of bounds."""
+    with pyggml.Context(16 << 20) as ctx:
+        with pytest.raises(exc, match=match) as e:
+            build(ctx)
+    if defect:
+        assert e.value.defect == defect
+    assert kernel_verdict(build) in FAILS
 F16, BF16 = Type.F16, Type.BF16
 
 
