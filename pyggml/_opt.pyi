@@ -12,7 +12,6 @@ __all__ = ["Dataset", "Optimizer", "Result", "LOSSES", "OPTIMIZERS"]
 LOSSES: dict[str, int]
 OPTIMIZERS: dict[str, int]
 DEFAULTS: dict[str, dict[str, float]]
-PROOF_TIMEOUT_S: float
 
 @final
 class Dataset:
