@@ -94,8 +94,17 @@ def _free_threadpool():
         _tp = NULL
         _tp_threads = 0
 
+def _drain_workers():
+    """At exit: wait (10 s at most) for the workers of interrupted computes to finish the
+    node they are in and give back what they hold, before the interpreter finalizes (a
+    worker that then asked for the GIL would be ended where it stands)."""
+    with nogil:
+        pyggml_async_drain(10000)
+
+
 import atexit
 atexit.register(_free_threadpool)
+atexit.register(_drain_workers)     # first: atexit runs the last registered first
 
 
 # --- the forked proof ------------------------------------------------------------

@@ -103,6 +103,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_async_wait(pyggml_async * a, int timeout_ms)
     void pyggml_async_abort(pyggml_async * a)
     int pyggml_async_handoff(pyggml_async * a)
+    int pyggml_async_drain(int timeout_ms)
     bint pyggml_async_aborted(void * data) noexcept nogil
     int pyggml_openmp_loaded()
 

@@ -220,6 +220,40 @@ bool pyggml_async_aborted(void * data) {
     return __atomic_load_n(&a->abort, __ATOMIC_RELAXED) != 0;
 }
 
+/* the workers that have not returned yet, for pyggml_async_drain */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t live_cv = PTHREAD_COND_INITIALIZER;
+static int live_workers;
+
+static void live_add(int d) {
+    pthread_mutex_lock(&live_mu);
+    live_workers += d;
+    if (live_workers == 0) {
+        pthread_cond_broadcast(&live_cv);
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+int pyggml_async_drain(int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&live_mu);
+    while (live_workers > 0) {
+        if (pthread_cond_timedwait(&live_cv, &live_mu, &ts) != 0) {
+            break;
+        }
+    }
+    const int left = live_workers;
+    pthread_mutex_unlock(&live_mu);
+    return left;
+}
+
 static void * async_main(void * p) {
     pyggml_async * a = p;
     pyggml_status result;
@@ -253,6 +287,7 @@ static void * async_main(void * p) {
     if (on_done != NULL) {
         on_done(on_done_arg, handed_over);  /* handed over: the caller gave up waiting */
     }
+    live_add(-1);                           /* nothing of Python's left to run here */
     return NULL;
 }
 
@@ -266,8 +301,12 @@ int pyggml_async_start(pyggml_async * a) {
     pthread_cond_init(&a->cv, NULL);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    live_add(1);
     int rc = pthread_create(&a->thread, &attr, async_main, a);
     pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        live_add(-1);
+    }
     return rc;
 }
 

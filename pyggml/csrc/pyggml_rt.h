@@ -168,6 +168,11 @@ PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an err
 PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
 PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);
+/* Wait (at most timeout_ms) until every worker has returned from on_done: at interpreter
+ * exit, so that none is still in Python's or Cython's code when the interpreter
+ * finalizes (a thread that wants the GIL then is ended in place, its frames abandoned).
+ * Returns how many are left. Call with the GIL released. */
+PYGGML_RT_API int pyggml_async_drain(int timeout_ms);
 /* an abort callback (ggml_abort_callback) for ggml's CPU backend: true once
  * pyggml_async_abort was called on data (a pyggml_async *) */
 PYGGML_RT_API bool pyggml_async_aborted(void * data);
