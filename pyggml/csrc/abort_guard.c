@@ -220,6 +220,19 @@ bool pyggml_async_aborted(void * data) {
     return __atomic_load_n(&a->abort, __ATOMIC_RELAXED) != 0;
 }
 
+/* now + timeout_ms, for pthread_cond_timedwait */
+static struct timespec deadline(int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* the workers that have not returned yet, for pyggml_async_drain */
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t live_cv = PTHREAD_COND_INITIALIZER;
@@ -235,14 +248,7 @@ static void live_add(int d) {
 }
 
 int pyggml_async_drain(int timeout_ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = deadline(timeout_ms);
     pthread_mutex_lock(&live_mu);
     while (live_workers > 0) {
         if (pthread_cond_timedwait(&live_cv, &live_mu, &ts) != 0) {
@@ -311,14 +317,7 @@ int pyggml_async_start(pyggml_async * a) {
 }
 
 int pyggml_async_wait(pyggml_async * a, int timeout_ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = deadline(timeout_ms);
     pthread_mutex_lock(&a->mu);
     while (!a->done) {
         if (pthread_cond_timedwait(&a->cv, &a->mu, &ts) != 0) {

@@ -2,7 +2,7 @@
  * that allocates it (Graph.compute), the backend check that refuses what ggml's own plan
  * under-sizes, the seed's batch+GQA probe and the "fab-work-size" defect probe.
  *
- * ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_back_f32 gives thread ith the floats
+ * The F32 FLASH_ATTN_BACK kernel of ggml-cpu (ops.cpp) gives thread ith the floats
  * S at ith*2*(mxDM + CL) and SM at (2*ith + 1)*(mxDM + CL) of the work buffer; SM runs
  * to Mup: M rounded up to GGML_SOFT_MAX_UNROLL (4, ggml-cpu/vec.h), mxDM = max(D, Mup),
  * CL = CACHE_LINE_SIZE_F32. So n threads touch (2n - 1)(mxDM + CL) + Mup floats.
