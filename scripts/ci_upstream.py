@@ -303,10 +303,49 @@ def reusable(spec: str, python: Path, step: "Step", env: dict[str, str]) -> str:
     return ""
 
 
+PARITY_BAD = ("fail", "oob", "crashed", "timeout", "error")     # pyggml.parity.model.BAD
+
+
+def reused_results(results: Path, quick_parity: bool, build: dict) -> tuple[dict, str]:
+    """What the runs already made with a reused interpreter (``--reuse-results DIR``: its
+    pytest's ``junit.xml``, its sweep's ``parity.json`` and ``parity.npz``) give the spec's
+    row, and why they cannot stand for its own runs ("" if they can): the sweep must be
+    the one the matrix would run (full or quick, every op, type and path, one thread) by
+    the same build."""
+    import xml.etree.ElementTree as ET
+    junit, pjson, npz = results / "junit.xml", results / "parity.json", results / "parity.npz"
+    missing = [p.name for p in (junit, pjson, npz) if not p.is_file()]
+    if missing:
+        return {}, f"{results} has no {', '.join(missing)}"
+    try:
+        root = ET.parse(junit).getroot()
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+        counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        meta = json.loads(pjson.read_text())["meta"]
+    except (ET.ParseError, AttributeError, ValueError, KeyError) as e:
+        return {}, f"{results}: unreadable ({type(e).__name__}: {e})"
+    ident = meta.get("identity", {})
+    same = {k: ident.get(k) == build.get(k) for k in ("ggml_version", "ggml_source", "native")}
+    if not all(same.values()):
+        return {}, f"{pjson} is the sweep of another build ({', '.join(k for k, v in same.items() if not v)} differ)"
+    if meta.get("quick") != quick_parity or meta.get("ops") or meta.get("types") or meta.get("paths") \
+            or meta.get("threads") != 1:
+        return {}, f"{pjson} is not the sweep the matrix runs ({'quick' if quick_parity else 'full'}, every op, one thread)"
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    summary = json.loads(pjson.read_text())["summary"]
+    # the sweep's own exit status: no partial run, no verdict of pyggml.parity.model.BAD
+    return {"parity_ok": not meta.get("partial") and not any(summary.get(v) for v in PARITY_BAD),
+            "tests_ok": counts["tests"] > 0 and not counts["failures"] and not counts["errors"],
+            "tests_summary": f"{passed} passed, {counts['skipped']} skipped, {counts['failures']} failed, "
+                             f"{counts['errors']} errors (the reused run's {junit.name})"}, ""
+
+
 def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False,
-             reuse: Path | None = None) -> dict:
+             reuse: Path | None = None, results: Path | None = None) -> dict:
     """Build (or, with ``reuse``, take the interpreter's installed pyggml for) one spec and
-    run the tests, the parity sweep and the probes on it: the spec's row of the matrix."""
+    run the tests, the parity sweep and the probes on it: the spec's row of the matrix.
+    With ``results`` as well, the tests and the sweep already run with that interpreter
+    stand for the spec's own (see ``reused_results``)."""
     kind, arg = parse_spec(spec)
     _, isa = split_isa(spec)
     out = workdir / spec_dirname(spec)
@@ -372,16 +411,29 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         row["isa"] = isa or "native"
         row["backends"] = [d["name"] for d in build.get("backends", [])]
         row["built"] = True
+        pjson, npz = out / "parity.json", out / "parity.npz"
+        if results is not None:
+            got, why = reused_results(results, quick_parity, build)
+            if why:
+                row["reuse_refused"] = why
+                with step.log.open("a") as f:
+                    f.write(f"ci_upstream: --reuse-results refused: {why}\n")
+                return row
+            row.update(got, results_reused=str(results))
+            shutil.copyfile(results / "parity.json", pjson)
+            shutil.copyfile(results / "parity.npz", npz)
+            with step.log.open("a") as f:
+                f.write(f"ci_upstream: tests and sweep reused from {results}: {got['tests_summary']}\n")
         # the environment's pytest script, not `python -m pytest`: that would put ROOT (the
         # source tree, without the compiled modules) first on sys.path
-        tests = step.run([Path(py).parent / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
-                         env=env, cwd=ROOT)
-        row["tests_ok"] = tests.returncode == 0
-        row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
-        pjson, npz = out / "parity.json", out / "parity.npz"
-        parity = step.run([py, "-m", "pyggml", "parity", *(["--quick"] if quick_parity else []), "--json", pjson,
-                           "--save", npz], env=env, cwd=out)
-        row["parity_ok"] = parity.returncode == 0
+        else:
+            tests = step.run([Path(py).parent / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
+                             env=env, cwd=ROOT)
+            row["tests_ok"] = tests.returncode == 0
+            row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
+            parity = step.run([py, "-m", "pyggml", "parity", *(["--quick"] if quick_parity else []), "--json",
+                               pjson, "--save", npz], env=env, cwd=out)
+            row["parity_ok"] = parity.returncode == 0
         if pjson.exists():
             doc = json.loads(pjson.read_text())
             row["worst_nmse"] = _num(doc["summary"]["worst_nmse"])
@@ -825,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="append", default=[], metavar="vendored=PYTHON",
                     help="run the vendored spec on the pyggml installed for interpreter PYTHON instead of "
                          "building it again (refused unless it is the plain vendored build of this checkout)")
+    ap.add_argument("--reuse-results", type=Path, metavar="DIR",
+                    help="with --reuse: the tests and the sweep already run with that interpreter stand for the "
+                         "spec's own (DIR holds pytest's junit.xml and the sweep's parity.json and parity.npz)")
     ap.add_argument("--quick-parity", action="store_true", help="each spec runs pyggml parity --quick, not the full sweep")
     ap.add_argument("--bisect", metavar="src:PATH", help="bisect an upstream git checkout (with --good, --bad, --op)")
     ap.add_argument("--good", metavar="REV", help="--bisect: a revision where the op's result is as wanted")
@@ -864,12 +919,15 @@ def main(argv: list[str] | None = None) -> int:
         if normalise_spec(name) not in map(normalise_spec, specs):
             ap.error(f"--reuse {item!r}: {name} is not one of the --ggml specs")
         reuse[normalise_spec(name)] = Path(python).absolute()
+    if args.reuse_results is not None and len(reuse) != 1:
+        ap.error("--reuse-results DIR: give one --reuse vendored=PYTHON, the interpreter that made them")
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
-        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity,
-                       reuse.get(normalise_spec(spec)))
+        reused = reuse.get(normalise_spec(spec))
+        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
+                       args.reuse_results.absolute() if reused and args.reuse_results else None)
         ok = _ok(row)
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "
               f"in {row['seconds']} s (log: {row['log']})", flush=True)

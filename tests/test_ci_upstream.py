@@ -170,7 +170,7 @@ def test_diff_compares_two_sweeps_in_their_own_directories(tmp_path, monkeypatch
 def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
     ran = []
 
-    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None):
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
         ran.append(spec)
         return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
                     known_defects=[], seconds=0.0, log=str(workdir / ci.spec_dirname(spec) / "log.txt"))
@@ -270,7 +270,7 @@ def test_a_refused_reuse_builds_nothing_and_fails_the_spec(tmp_path, monkeypatch
 def test_main_checks_its_reuse_arguments(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None):
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
         seen[spec] = reuse
         return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
                     known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
@@ -282,6 +282,109 @@ def test_main_checks_its_reuse_arguments(tmp_path, monkeypatch):
     assert seen == {}
     ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--reuse", "vendored=py/bin/python", *w])
     assert seen == {"vendored": Path("py/bin/python").absolute(), "vendored+blas": None}
+
+
+# --- --reuse-results DIR: the CI's README runs stand for the vendored spec's own -----------
+
+
+BUILD = {"ggml_version": "0.20.2", "ggml_source": "pypi:x sha256:1", "native": True}
+
+
+def _results(d, tests=10, failures=0, errors=0, skipped=2, summary=None, **meta):
+    """A results directory as .ci/run leaves it: pytest's junit.xml, the sweep's JSON and
+    saved outputs."""
+    import json
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "junit.xml").write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="{tests}" failures="{failures}" '
+        f'errors="{errors}" skipped="{skipped}"></testsuite></testsuites>')
+    m = {"identity": dict(BUILD), "quick": False, "ops": [], "types": [], "paths": None, "threads": 1, **meta}
+    m["identity"]["cpu_features"] = ["avx2"]
+    summ = {"comparisons": 5, "ok": 5, "fail": 0, "worst_nmse": 1e-6, **(summary or {})}
+    (d / "parity.json").write_text(json.dumps({"rows": [], "meta": m, "summary": summ}))
+    (d / "parity.npz").write_bytes(b"npz")
+    return d
+
+
+def test_reused_results_give_the_row_of_the_runs_they_record(tmp_path):
+    got, why = ci.reused_results(_results(tmp_path / "r"), False, BUILD)
+    assert why == "" and got["tests_ok"] and got["parity_ok"]
+    assert got["tests_summary"].startswith("8 passed, 2 skipped, 0 failed, 0 errors")
+    got, why = ci.reused_results(_results(tmp_path / "f", failures=1), False, BUILD)
+    assert why == "" and not got["tests_ok"] and got["parity_ok"]
+    got, why = ci.reused_results(_results(tmp_path / "e", errors=1), False, BUILD)
+    assert not got["tests_ok"]
+    got, why = ci.reused_results(_results(tmp_path / "z", tests=0, skipped=0), False, BUILD)
+    assert not got["tests_ok"]                          # no test ran: not a pass
+    for bad in ("fail", "oob", "crashed", "timeout", "error"):
+        got, why = ci.reused_results(_results(tmp_path / bad, summary={"ok": 3, bad: 1}), False, BUILD)
+        assert why == "" and got["tests_ok"] and not got["parity_ok"], bad
+    got, why = ci.reused_results(_results(tmp_path / "p", partial=True), False, BUILD)
+    assert not got["parity_ok"]
+
+
+@pytest.mark.parametrize("meta, quick, why", [
+    ({"quick": True}, False, "not the sweep the matrix runs"),
+    ({}, True, "not the sweep the matrix runs"),
+    ({"ops": ["add"]}, False, "not the sweep the matrix runs"),
+    ({"types": ["f16"]}, False, "not the sweep the matrix runs"),
+    ({"threads": 2}, False, "not the sweep the matrix runs"),
+    ({"identity": {**BUILD, "ggml_source": "pypi:y sha256:2"}}, False, "another build (ggml_source differ)"),
+    ({"identity": {**BUILD, "native": False}}, False, "another build (native differ)"),
+])
+def test_reused_results_must_be_the_matrix_s_own_sweep_of_the_same_build(tmp_path, meta, quick, why):
+    got, said = ci.reused_results(_results(tmp_path / "r", **meta), quick, BUILD)
+    assert got == {} and why in said
+
+
+def test_reused_results_refuse_a_missing_or_broken_file(tmp_path):
+    d = _results(tmp_path / "r")
+    (d / "parity.npz").unlink()
+    assert "has no parity.npz" in ci.reused_results(d, False, BUILD)[1]
+    d = _results(tmp_path / "s")
+    (d / "junit.xml").write_text("<testsuites><testsuite")
+    assert "unreadable (ParseError" in ci.reused_results(d, False, BUILD)[1]
+
+
+def test_run_spec_with_results_runs_neither_pytest_nor_the_sweep(tmp_path, monkeypatch):
+    import json
+    ran = []
+
+    def run(self, cmd, env=None, cwd=None, timeout=1800):
+        ran.append([str(c) for c in cmd])
+        if "-c" in cmd and "build_info" in cmd[cmd.index("-c") + 1] and "backends" in cmd[cmd.index("-c") + 1]:
+            return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({**BUILD, "backends": [{"name": "CPU"}]}))
+        return subprocess.CompletedProcess(cmd, 1, stdout="")      # the ops probe fails: not needed here
+    monkeypatch.setattr(ci.Step, "run", run)
+    monkeypatch.setattr(ci, "reusable", lambda *a: "")
+    res = _results(tmp_path / "r")
+    row = ci.run_spec("vendored", tmp_path / "work", ["-n", "2"], reuse=Path(sys.executable), results=res)
+    assert row["built"] and row["tests_ok"] and row["parity_ok"] and ci._ok(row), row
+    assert not any("pytest" in c[0] or "parity" in c for c in ran), ran
+    out = tmp_path / "work" / ci.spec_dirname("vendored")
+    assert (out / "parity.npz").read_bytes() == b"npz" and row["parity_npz"] == str(out / "parity.npz")
+    assert "tests and sweep reused" in Path(row["log"]).read_text()
+    # results of another build: the spec fails, and says why
+    bad = _results(tmp_path / "b", identity={**BUILD, "ggml_version": "0.17.0"})
+    row = ci.run_spec("vendored", tmp_path / "work", [], reuse=Path(sys.executable), results=bad)
+    assert not ci._ok(row) and "another build" in row["reuse_refused"]
+
+
+def test_main_passes_results_only_to_the_reused_spec(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
+        seen[spec] = results
+        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
+                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    w = ["--workdir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit):                 # results without the interpreter that made them
+        ci.main(["--ggml", "vendored", "--reuse-results", "r", *w])
+    assert seen == {}
+    ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--reuse", "vendored=py/bin/python",
+             "--reuse-results", "r", *w])
+    assert seen == {"vendored": Path("r").absolute(), "vendored+blas": None}
 
 
 # --- bisect in a worktree ----------------------------------------------------------------
