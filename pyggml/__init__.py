@@ -10,7 +10,7 @@ functions taking the context first, so C translates line for line::
 Where things live: ``pyggml/ops.txt`` (the op table: every builder, generated into
 ``pyggml._ops_<family>``), ``_core`` (Context, Tensor, argument checks),
 ``_graph`` (Graph), ``_cpu`` (the CPU executor), ``_fab`` (the FLASH_ATTN_BACK
-node), ``csrc/`` (the C runtime: abort guard, forked dry run, kernel rules),
+node's offsets and defect probe; its builder is ``csrc/fab_node.c``), ``csrc/`` (the C runtime: abort guard, forked dry run, kernel rules),
 ``errors`` (exceptions), ``defects`` (known upstream defects).
 """
 
@@ -63,7 +63,7 @@ from pyggml._core import (
 )
 from pyggml._graph import Graph
 from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor
-from pyggml._fab import flash_attn_back, flash_attn_back_offsets
+from pyggml._fab import flash_attn_back_offsets
 from pyggml._backend import Backend, GraphAllocator, Scheduler, backends, compare_graph_backend
 from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
 from pyggml._ops import __all__ as _op_names
@@ -110,7 +110,7 @@ __all__ = [
     "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InternalError", "InUseError",
     "KernelPreconditionError",
     "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
-    "attention_backward", "attention_backward_node", "build_info", "flash_attn_back", "flash_attn_back_grad_tensors",
+    "attention_backward", "attention_backward_node", "build_info", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
     "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",

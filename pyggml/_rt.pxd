@@ -58,6 +58,10 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_node(const ggml_tensor * node, pyggml_status * st)
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_rule_entry(int i, const char ** family, const char ** name)
+    void pyggml_flash_attn_back_offsets(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                        size_t * offs)
+    ggml_tensor * pyggml_flash_attn_back_padded(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
+                                                ggml_tensor * v, ggml_tensor * d, bint masked, int64_t extra)
     size_t pyggml_fab_work_bytes(int64_t D, int64_t M, int n_threads)
     size_t pyggml_graph_fab_work_bytes(ggml_cgraph * graph, int n_threads)
     int pyggml_checks_set_enabled(int enabled)

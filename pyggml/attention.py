@@ -14,7 +14,8 @@ import numpy as np
 
 from pyggml import _attn
 from pyggml._core import MEM_ALIGN, Context, Tensor, Type
-from pyggml._fab import flash_attn_back, flash_attn_back_offsets
+from pyggml._fab import flash_attn_back_offsets
+from pyggml._ops_backward import flash_attn_back
 from pyggml._graph import Graph
 from pyggml._ops_layout import view_4d
 from pyggml.errors import ArgumentError, GGMLTypeError, UnsupportedOpError

@@ -37,12 +37,11 @@ def op_coverage() -> dict:
     for row in _optable.OPS:
         for target in _targets(row["makes"]):
             made.setdefault(target, []).append(row)
-    have_fab = _core.build_info()["features"]["flash_attn_back"]
     wrapped, not_wrapped = [], {}
     for name in names:
         rows = made.get(name, [])
         short = name.split("_OP_", 1)[1]
-        if any(r["available"] for r in rows) or (short == "FLASH_ATTN_BACK" and have_fab):
+        if any(r["available"] for r in rows):
             wrapped.append(name)
         elif short in _NOT_OPS and name.startswith("GGML_OP_"):
             not_wrapped[name] = _NOT_OPS[short]
@@ -63,7 +62,4 @@ def builder_coverage() -> dict:
     """
     bound = [r["name"] for r in _optable.OPS if r["available"]]
     not_bound = {r["name"]: r["reason"] for r in _optable.OPS if not r["available"]}
-    if "flash_attn_back" in not_bound and _core.build_info()["features"]["flash_attn_back"]:
-        del not_bound["flash_attn_back"]
-        bound.append("flash_attn_back")
     return {"bound": bound, "not_bound": not_bound, "header_only": list(_optable.HEADER_ONLY)}

@@ -286,12 +286,34 @@ def test_shape_errors(ctx, qkvd, which, ne, match):
         pyggml.flash_attn_back(ctx, *args, False)
 
 
+def test_the_builder_itself_asserts_the_contract(ctx, qkvd, monkeypatch):
+    """pyggml's C builder (csrc/fab_node.c) states the seed's contract as GGML_ASSERTs, so
+    a caller past the precheck gets ggml's abort (here: a GGMLAbort from the guarded
+    scratch run), never a malformed node."""
+    from pyggml import _prechecks
+    monkeypatch.setattr(_prechecks, "flash_attn_back_shapes", lambda *a: None)
+    q, k, v, d = qkvd
+    k_wide = ctx.new_tensor(Type.F32, (5, 5, 2, 1))
+    k3, v3 = ctx.new_tensor(Type.F32, (4, 5, 3, 1)), ctx.new_tensor(Type.F32, (5, 4, 3, 1))
+    used = ctx.used_mem
+    with pytest.raises(pyggml.GGMLAbort, match=r"fab_node.c:\d+: GGML_ASSERT\(k->ne\[0\] == D\) failed"):
+        pyggml.flash_attn_back(ctx, q, k_wide, v, d, False)
+    with pytest.raises(pyggml.GGMLAbort, match=r"GGML_ASSERT\(kvne2 > 0 && ne2 % kvne2 == 0\) failed"):
+        pyggml.flash_attn_back(ctx, q, k3, v3, d, False)
+    assert ctx.used_mem == used                  # aborted in the scratch run: ctx untouched
+
+
 def test_type_layout_and_argument_errors(ctx, qkvd):
     q, k, v, d = qkvd
-    with pytest.raises(pyggml.GGMLTypeError, match="flash_attn_back: k has type F16; supported: F32"):
-        pyggml.flash_attn_back(ctx, q, ctx.new_tensor(Type.F16, k.ne), v, d, False)
-    with pytest.raises(pyggml.GGMLTypeError, match="flash_attn_back: d has type F16"):
-        pyggml.flash_attn_back(ctx, q, k, v, ctx.new_tensor(Type.F16, d.ne), False)
+    # the types are the kernel rule's (csrc/rules_backward.c), stated there only
+    k16, d16 = ctx.new_tensor(Type.F16, k.ne), ctx.new_tensor(Type.F16, d.ne)
+    used = ctx.used_mem
+    with pytest.raises(pyggml.GGMLTypeError, match=r"flash_attn_back: FLASH_ATTN_BACK node refused: src1 must be "
+                                                   r"F32, got f16 \(src0 is q; src1 is k; src2 is v; src3 is d\)"):
+        pyggml.flash_attn_back(ctx, q, k16, v, d, False)
+    with pytest.raises(pyggml.GGMLTypeError, match="src3 must be F32, got f16"):
+        pyggml.flash_attn_back(ctx, q, k, v, d16, False)
+    assert ctx.used_mem == used                  # refused before the context was touched
     qt = pyggml.permute(ctx, ctx.new_tensor(Type.F32, (3, 4, 4, 1)), 1, 0, 2, 3)
     assert qt.ne == q.ne
     used = ctx.used_mem
@@ -304,7 +326,10 @@ def test_type_layout_and_argument_errors(ctx, qkvd):
         pyggml.flash_attn_back(ctx, q, k, v, d, "yes")
     with pytest.raises(TypeError, match="v must be a pyggml.Tensor"):
         pyggml.flash_attn_back(ctx, q, k, None, d, False)
-    with pytest.raises(pyggml.ArgumentError, match="k is empty"):
+    with pytest.raises(pyggml.KernelPreconditionError, match=r"src1 is empty \(src0 is q; src1 is k"):
+        pyggml.flash_attn_back(ctx, q, ctx.new_tensor(Type.F32, (4, 0, 2, 1)), ctx.new_tensor(Type.F32, (0, 4, 2, 1)),
+                               d, False)
+    with pytest.raises(pyggml.ArgumentError, match=r"v.ne\[0\]=5 must equal M=0"):   # the shape contract first
         pyggml.flash_attn_back(ctx, q, ctx.new_tensor(Type.F32, (4, 0, 2, 1)), v, d, False)
 
 

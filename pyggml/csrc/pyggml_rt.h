@@ -262,6 +262,21 @@ PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
  * csrc/rules_<family>.c defines it and the op it is for ("ADD", "UNARY:RELU", "GLU:SWIGLU") */
 PYGGML_RT_API int pyggml_rule_entry(int i, const char ** family, const char ** name);
 
+/* --- the seed's FLASH_ATTN_BACK node (fab_node.c) ---------------------------------------
+ * pyggml's own builder for the row flash_attn_back (impl=pyggml: upstream's aborts). The
+ * result packs grad_q, grad_k, grad_v at offs[0..2] (bytes, each padded to GGML_MEM_ALIGN;
+ * offs[3] the padded end); _padded adds `extra` F32 elements past the end (the defect
+ * probe's room). Shape contract as GGML_ASSERTs; without GGML_OP_FLASH_ATTN_BACK in the
+ * linked ggml, the builders abort. */
+PYGGML_RT_API void pyggml_flash_attn_back_offsets(const struct ggml_tensor * q, const struct ggml_tensor * k,
+                                                  const struct ggml_tensor * v, size_t offs[4]);
+PYGGML_RT_API struct ggml_tensor * pyggml_flash_attn_back(struct ggml_context * ctx, struct ggml_tensor * q,
+                                                          struct ggml_tensor * k, struct ggml_tensor * v,
+                                                          struct ggml_tensor * d, bool masked);
+PYGGML_RT_API struct ggml_tensor * pyggml_flash_attn_back_padded(struct ggml_context * ctx, struct ggml_tensor * q,
+                                                                 struct ggml_tensor * k, struct ggml_tensor * v,
+                                                                 struct ggml_tensor * d, bool masked, int64_t extra);
+
 /* --- FLASH_ATTN_BACK's work buffer (fab_work.cpp) --------------------------------------- */
 /* Bytes of work buffer the F32 CPU kernel touches for head size D and M keys on n_threads */
 PYGGML_RT_API size_t pyggml_fab_work_bytes(int64_t D, int64_t M, int n_threads);

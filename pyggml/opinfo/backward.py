@@ -414,7 +414,7 @@ OPINFOS = [
     OpInfo("cross_entropy_loss_back", ref=ref_cross_entropy_loss_back, samples=_cross_entropy_loss_back_samples),
 ]
 
-# flash_attn_back's row is impl=pyggml: pyggml.flash_attn_back builds the node (the seed)
+# flash_attn_back's row is impl=pyggml: its builder is pyggml's own (csrc/fab_node.c, the seed)
 FLASH_ATTN_BACK = OpInfo("flash_attn_back", ref=ref_flash_attn_back, samples=_flash_attn_back_samples,
                          note="the result packs grad_q, grad_k, grad_v (v's transposed layout), each padded to "
                               "16 bytes; batch + GQA is the known defect fab-batch-gqa-oob")
