@@ -122,7 +122,7 @@ def split_isa(spec: str) -> tuple[str, str]:
 
 def _is_source(spec: str) -> bool:
     base, _ = split_backends(spec)
-    return base in ("vendored", "patched:vendored") or base.startswith(("src:", "patched:src:"))
+    return base in ("vendored", "patched:vendored") or base.startswith(("src:", "patched:src:", "sdist:"))
 
 
 def build_defines(spec: str) -> dict[str, str]:
@@ -171,12 +171,15 @@ def parse_spec(spec: str) -> tuple[str, str]:
         return kind, ""
     if kind == "pypi" and re.fullmatch(r"libggml-python==[0-9][0-9A-Za-z.+!_-]*", arg):
         return kind, arg
+    if kind == "sdist" and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+!_-]*", arg):
+        return kind, arg              # its pin: vendor/sdists/PACKAGE-VERSION.lock (scripts/vendor_ggml.py)
     if kind in ("src", "prefix") and arg:
         path = Path(arg).expanduser().resolve()
         if not path.is_dir():
             raise SystemExit(f"ci_upstream: {spec}: {path} is not a directory")
         return kind, str(path)
-    raise SystemExit(f"ci_upstream: bad --ggml {spec!r}: use vendored, pypi:libggml-python==X, src:PATH or prefix:PATH")
+    raise SystemExit(f"ci_upstream: bad --ggml {spec!r}: use vendored, pypi:libggml-python==X, sdist:PACKAGE==X, "
+                     f"src:PATH or prefix:PATH")
 
 
 def normalise_spec(spec: str) -> str:
@@ -381,6 +384,14 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             env.update(PYGGML_GGML="system", CMAKE_PREFIX_PATH=arg)
         elif kind == "src":
             env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=arg)
+        elif kind == "sdist":
+            # the ggml tree of a registry sdist, pinned by sha256 in vendor/sdists/
+            tree = out / "ggml-src"
+            if step.run([sys.executable, ROOT / "scripts" / "vendor_ggml.py", "--dest", tree, "--sdist", arg],
+                        env=env).returncode:
+                return row
+            row["ggml_tree"] = (tree / ".pyggml-source").read_text().strip()
+            env.update(PYGGML_GGML="vendored", PYGGML_GGML_SOURCE_DIR=str(tree))
         elif kind == "patched":
             tree = out / "ggml-src"
             fetch = [sys.executable, ROOT / "scripts" / "vendor_ggml.py", "--dest", tree]

@@ -104,6 +104,10 @@ def apply(path: Path, fixes: list[str] | None = None) -> dict[str, str]:
             edits[e.file] = re.sub(e.before, e.after, text, count=1)
     for rel, text in edits.items():
         (root / rel).write_text(text)
+    stamp = root / ".pyggml-source"          # where scripts/vendor_ggml.py says the tree came from
+    if edits and stamp.is_file():
+        done = [f for f in fixes if before[f] != "applied"]
+        stamp.write_text(stamp.read_text().rstrip("\n") + f"; patched by scripts/patch_upstream.py: {', '.join(done)}\n")
     return status(root, fixes)
 
 

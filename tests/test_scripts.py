@@ -185,6 +185,82 @@ def test_malformed_lock(tmp_path):
         vendor.read_lock(bad)
 
 
+DEEP = {"big-2.0/vendor/proj/ggml/CMakeLists.txt": "set(GGML_VERSION_MAJOR 0)\nset(GGML_VERSION_MINOR 25)\n"
+                                                   "set(GGML_VERSION_PATCH 3)\n",
+        "big-2.0/vendor/proj/ggml/include/ggml.h": "/* h */\n", "big-2.0/vendor/proj/ggml/src/a.c": "/* a */\n",
+        "big-2.0/vendor/proj/src/not-ggml.c": "/* the rest of the project */\n", "big-2.0/ggml/decoy.h": "x\n"}
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """pip download of big==2.0 answered from a fake registry; the pins go to tmp_path."""
+    served = []
+
+    def fake_run(cmd, **kw):
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        served.append(cmd[-1])
+        make_sdist(dest / "big-2.0.tar.gz", DEEP)
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+    monkeypatch.setattr(vendor.subprocess, "run", fake_run)
+    monkeypatch.setattr(vendor, "SDIST_LOCKS", tmp_path / "sdists")
+    monkeypatch.setenv("PYGGML_CACHE_DIR", str(tmp_path / "cache"))
+    return served
+
+
+def test_pin_a_registry_sdist_and_populate_its_deep_ggml_folder(tmp_path, registry):
+    lock = vendor.pin("big==2.0", "vendor/proj/ggml")
+    assert lock == tmp_path / "sdists" / "big-2.0.lock"
+    got = vendor.read_sdist_lock("big==2.0")
+    sha = hashlib.sha256((tmp_path / "cache" / "big-2.0.tar.gz").read_bytes()).hexdigest()
+    assert got == {"version": "0.25.3", "package": "big==2.0", "sdist": "big-2.0.tar.gz", "sha256": sha,
+                   "subdir": "vendor/proj/ggml"}
+    dest = vendor.populate(tmp_path / "tree", sdist="big==2.0")
+    assert (dest / "src" / "a.c").read_text() == "/* a */\n" and (dest / "include" / "ggml.h").exists()
+    assert not (dest / "decoy.h").exists() and not (dest / "vendor").exists()      # only the pinned folder
+    assert (dest / vendor.STAMP).read_text() == f"pypi:big==2.0 sha256:{sha}\n"
+    assert registry == ["big==2.0"]                # populated from the cache the pin filled
+
+
+def test_a_registry_sdist_that_changed_is_refused(tmp_path, registry):
+    vendor.pin("big==2.0", "vendor/proj/ggml")
+    lock = tmp_path / "sdists" / "big-2.0.lock"
+    lock.write_text(lock.read_text().replace("sha256 = ", "sha256 = 0"))   # the registry serves other bytes now
+    with pytest.raises(vendor.VendorError, match="sha256 mismatch"):
+        vendor.populate(tmp_path / "tree", sdist="big==2.0")
+    assert not (tmp_path / "tree").exists()
+
+
+def test_sdist_pins_are_exact_and_must_exist(tmp_path, registry):
+    for bad in ("big", "big>=2.0", "big==", "../x==1", "a b==1"):
+        with pytest.raises(vendor.VendorError, match="exact pin"):
+            vendor.sdist_lock_path(bad)
+    with pytest.raises(vendor.VendorError, match="no pin for big==3.0 .* --pin big==3.0 --subdir"):
+        vendor.read_sdist_lock("big==3.0")
+    with pytest.raises(vendor.VendorError, match="not a ggml tree"):
+        vendor.pin("big==2.0", "vendor/proj")
+    with pytest.raises(vendor.VendorError, match="has no vendor/none/ folder"):
+        vendor.pin("big==2.0", "vendor/none")
+    with pytest.raises(vendor.VendorError, match="bad subdir"):
+        vendor.pin("big==2.0", "../x")
+
+
+def test_the_registry_pins_in_the_checkout_are_well_formed():
+    locks = sorted((ROOT / "vendor" / "sdists").glob("*.lock"))
+    assert locks, "vendor/sdists/ holds the pinned registry sdists"
+    for path in locks:
+        lock = vendor.read_lock(path)
+        assert path.name == f"{lock['package'].replace('==', '-')}.lock" and len(lock["sha256"]) == 64
+        assert vendor.sdist_lock_path(lock["package"]) == path
+
+
+def test_matrix_sdist_specs_are_source_builds(tmp_path):
+    assert ci.parse_spec("sdist:llama-cpp-python==0.3.36") == ("sdist", "llama-cpp-python==0.3.36")
+    assert ci.normalise_spec("sdist:llama-cpp-python==0.3.36+blas@avx2") == "sdist:llama-cpp-python==0.3.36+blas@avx2"
+    for bad in ("sdist:", "sdist:llama-cpp-python", "sdist:llama-cpp-python>=0.3", "sdist:../x==1"):
+        with pytest.raises(SystemExit):
+            ci.parse_spec(bad)
+
+
 def test_matrix_specs(tmp_path):
     assert ci.parse_spec("vendored") == ("vendored", "")
     assert ci.parse_spec("pypi:libggml-python==0.9.4") == ("pypi", "libggml-python==0.9.4")
@@ -402,9 +478,13 @@ def ggml_copy(tmp_path):
 
 def test_the_upstream_fixes_edit_only_their_expressions(ggml_copy):
     files = {p: p.read_text() for p in (ggml_copy / "src" / "ggml-cpu").glob("*.c*")}
+    (ggml_copy / ".pyggml-source").write_text("pypi:pkg==1 sha256:ab\n")      # as vendor_ggml.py leaves it
     assert patch.status(ggml_copy) == {"fab-batch-gqa-oob": "not applied", "fab-work-size": "not applied"}
     assert patch.apply(ggml_copy) == {"fab-batch-gqa-oob": "applied", "fab-work-size": "applied"}
     assert patch.apply(ggml_copy) == {"fab-batch-gqa-oob": "applied", "fab-work-size": "applied"}  # idempotent
+    # the tree's stamp says it is no longer the sdist's as fetched (the build reports it)
+    assert (ggml_copy / ".pyggml-source").read_text() == (
+        "pypi:pkg==1 sha256:ab; patched by scripts/patch_upstream.py: fab-batch-gqa-oob, fab-work-size\n")
     changed = {p.name: (before, p.read_text()) for p, before in files.items() if p.read_text() != before}
     assert set(changed) == {"ops.cpp", "ggml-cpu.c"}
     for name, (before, after) in changed.items():
