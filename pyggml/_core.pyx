@@ -151,7 +151,8 @@ def build_info():
     ``src:PATH`` for a vendored build, ``system:CONFIG_DIR`` for an installed
     ggml), ``mem_align``, ``native`` (None for a system ggml) and ``openmp`` (for a
     system ggml: whether an OpenMP runtime is loaded),
-    ``features`` (the compile-time feature checks).
+    ``features`` (the compile-time feature checks), ``kernels`` (see
+    :func:`kernel_trust`: the ops whose CPU kernel the rules were not written against).
     """
     return {
         "ggml_version": c_ggml_version().decode(),
@@ -165,6 +166,7 @@ def build_info():
             "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),
             "use_ref": bool(PYGGML_HAVE_USE_REF),
         },
+        "kernels": kernel_trust(),
     }
 
 

@@ -178,6 +178,26 @@ def op_is_checked(op, sub_op=0):
     return bool(pyggml_op_is_checked(index_arg(op, "op", ""), index_arg(sub_op, "sub_op", "")))
 
 
+def kernel_trust():
+    """kernel_trust() -> {"known": bool, "untrusted": [op, ...]}: whether the build could
+    fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py: a source build), and
+    the ops (GGML_OP names) whose kernel is not the one their rule was written against,
+    or all of them when it could not. Their nodes are proven in a forked child, with a
+    timeout, before they compute: a rule cannot vouch for a kernel it has not seen."""
+    return {"known": bool(pyggml_kernels_known()),
+            "untrusted": [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)
+                          if pyggml_kernel_untrusted(i)]}
+
+
+def _set_kernel_untrusted(op, flag):
+    """_set_kernel_untrusted(op, flag) -> bool (testing only): mark ``op``'s kernel as
+    changed (or not); returns the previous mark."""
+    rc = pyggml_kernel_set_untrusted(index_arg(op, "op", ""), 1 if flag else 0)
+    if rc < 0:
+        raise ArgumentError(f"_set_kernel_untrusted: no op {op!r} in the linked ggml")
+    return bool(rc)
+
+
 def rule_entries():
     """rule_entries() -> [(family, op), ...]: every entry of pyggml's kernel-rule tables, in
     table order: the family whose ``csrc/rules_<family>.c`` states the rule, and the op it

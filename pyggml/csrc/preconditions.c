@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "rules.h"
+#include "pyggml_kernels.h"
 
 int pg_refuse(pg_why * why, const char * fmt, ...) {
     va_list ap;
@@ -119,6 +120,13 @@ static pg_rule * slot_of(const char * name) {
     return NULL;     /* an op this ggml does not have */
 }
 
+/* Ops whose CPU kernel in the built tree is not the one their rule was written against
+ * (pyggml/_kernels.py, generated pyggml_kernels.h; every op when the build had no kernel
+ * source to fingerprint): a node their rule lets through is UNCHECKED, not OK, so its
+ * graph runs through the fenced, forked proof before it computes here. */
+static unsigned char untrusted[MAX_OPS];
+static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
+
 static void init(void) {
     for (int i = 0; i < GGML_OP_COUNT && i < MAX_OPS; i++) {
         const char * name = ggml_op_name((enum ggml_op) i);
@@ -126,6 +134,12 @@ static void init(void) {
             op_unary = i;
         } else if (strcmp(name, "GLU") == 0) {
             op_glu = i;
+        }
+        untrusted[i] = !PG_KERNELS_KNOWN;
+        for (int k = 0; PG_KERNELS_KNOWN && changed_kernels[k] != NULL; k++) {
+            if (strcmp(changed_kernels[k], name) == 0) {
+                untrusted[i] = 1;
+            }
         }
     }
     for (int k = 0; tables[k] != NULL; k++) {
@@ -165,6 +179,23 @@ static pg_rule rule_for(int op, int sub_op) {
 int pyggml_op_is_checked(int op, int sub_op) {
     ensure_init();
     return rule_for(op, sub_op) != NULL;
+}
+
+int pyggml_kernels_known(void) {
+    return PG_KERNELS_KNOWN;
+}
+
+int pyggml_kernel_untrusted(int op) {
+    ensure_init();
+    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS ? __atomic_load_n(&untrusted[op], __ATOMIC_RELAXED) : 1;
+}
+
+int pyggml_kernel_set_untrusted(int op, int flag) {
+    ensure_init();
+    if (op < 0 || op >= GGML_OP_COUNT || op >= MAX_OPS) {
+        return -1;
+    }
+    return __atomic_exchange_n(&untrusted[op], (unsigned char) (flag != 0), __ATOMIC_RELAXED);
 }
 
 /* --- what every node must be, whatever its op --------------------------------------------- */
@@ -283,6 +314,9 @@ int pyggml_check_node(const struct ggml_tensor * t, pyggml_status * st) {
             return PYGGML_OK;           /* ggml_compute_forward skips a node with no elements */
         }
         rc = rule(t, &why);
+        if (rc == PYGGML_OK && __atomic_load_n(&untrusted[t->op], __ATOMIC_RELAXED)) {
+            return st->code = PYGGML_UNCHECKED;     /* its kernel changed: the rule is not enough */
+        }
     }
     if (rc == PYGGML_REFUSED || rc == PYGGML_REFUSED_TYPE) {
         st->node = t;

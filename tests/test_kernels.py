@@ -1,0 +1,149 @@
+"""Kernel trust (issue 24): each op's CPU kernel is fingerprinted in the tree being built
+(pyggml/_kernels.py) and compared with the print pyggml's rules were written against
+(pyggml/kernels.txt); an op whose kernel differs is not trusted to its rule."""
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import _core
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = ROOT / "vendor" / "ggml" / "src" / "ggml-cpu"
+_spec = importlib.util.spec_from_file_location("pyggml_kernels_under_test", ROOT / "pyggml" / "_kernels.py")
+kern = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kern)
+
+needs_tree = pytest.mark.skipif(not (CPU / "ggml-cpu.c").is_file(), reason="vendor/ggml is not populated")
+
+
+@pytest.fixture
+def cpu_copy(tmp_path):
+    if not (CPU / "ggml-cpu.c").is_file():
+        pytest.skip("vendor/ggml is not populated")
+    dst = tmp_path / "ggml-cpu"
+    dst.mkdir()
+    for name in kern.OP_LEVEL:
+        shutil.copy(CPU / name, dst / name)
+    return dst
+
+
+@needs_tree
+def test_the_pinned_prints_are_the_vendored_tree_s():
+    if not pyggml.build_info()["ggml_source"].startswith("pypi:libggml-python==0.20.2"):
+        pytest.skip("the rules' prints are of the pinned release")
+    want = kern.read_prints(str(ROOT / "pyggml" / "kernels.txt"))
+    got = kern.fingerprints(str(CPU))
+    assert got == want
+    assert len(got) > 90 and "ROPE" in got and "UNARY" in got and "COUNT" not in got
+
+
+def _dispatch_callee(cpu, op):
+    """The function ggml-cpu.c's dispatch calls for ``op`` (found, not named here)."""
+    text = kern.strip((cpu / "ggml-cpu.c").read_text())
+    block = kern.case_blocks(text)[op][0]
+    return kern._CALL.findall(block)[0]
+
+
+def _edit_function(cpu, name, edit):
+    """Apply ``edit`` to the first definition of ``name`` in the op-level sources."""
+    for f in kern.OP_LEVEL:
+        path = cpu / f
+        text = path.read_text()
+        i = text.find(f" {name}(")
+        while i >= 0:
+            brace = text.find("{", i)
+            semi = text.find(";", i)
+            if brace >= 0 and (semi < 0 or brace < semi):
+                path.write_text(text[:brace + 1] + edit + text[brace + 1:])
+                return f
+            i = text.find(f" {name}(", i + 1)
+    raise AssertionError(f"{name} not found")
+
+
+def test_a_changed_kernel_changes_its_op_s_print_only(cpu_copy):
+    before = kern.fingerprints(str(cpu_copy))
+    callee = _dispatch_callee(cpu_copy, "ROPE")
+    _edit_function(cpu_copy, callee, "\n    if (0) { return; }\n")
+    after = kern.fingerprints(str(cpu_copy))
+    assert kern.changed(before, after) == ["ROPE"]
+
+
+def test_a_function_deeper_in_the_kernel_counts_too(cpu_copy):
+    before = kern.fingerprints(str(cpu_copy))
+    text = kern.strip(" ".join((cpu_copy / f).read_text() for f in kern.OP_LEVEL))
+    defs = kern.functions(text)
+    first = _dispatch_callee(cpu_copy, "SOFT_MAX")
+    deeper = [c for c in kern._CALL.findall(defs[first]) if c in defs and c != first][0]
+    _edit_function(cpu_copy, deeper, "\n    (void) 0;\n")
+    changed = kern.changed(before, kern.fingerprints(str(cpu_copy)))
+    assert "SOFT_MAX" in changed and "ADD" not in changed
+
+
+def test_comments_and_whitespace_do_not_count(cpu_copy):
+    before = kern.fingerprints(str(cpu_copy))
+    callee = _dispatch_callee(cpu_copy, "ROPE")
+    _edit_function(cpu_copy, callee, "\n\n    // a comment\n    /* and\n another */   \n")
+    assert kern.fingerprints(str(cpu_copy)) == before
+
+
+def test_the_dispatch_block_counts(cpu_copy):
+    before = kern.fingerprints(str(cpu_copy))
+    path = cpu_copy / "ggml-cpu.c"
+    text = path.read_text()
+    i = text.index("case GGML_OP_SQR:")
+    path.write_text(text[:i] + "case GGML_OP_SQR: (void) 0;" + text[i + len("case GGML_OP_SQR:"):])
+    assert "SQR" in kern.changed(before, kern.fingerprints(str(cpu_copy)))
+
+
+def test_new_and_removed_ops_are_changed():
+    assert kern.changed({"A": "1", "B": "2"}, {"A": "1", "C": "3"}) == ["B", "C"]
+
+
+def test_the_header_says_what_is_known():
+    h = kern.gen_header(["ROPE", "UNARY"], "/t")
+    assert "#define PG_KERNELS_KNOWN 1" in h and '#define PG_KERNELS_CHANGED "ROPE", "UNARY", NULL' in h
+    assert "#define PG_KERNELS_CHANGED NULL" in kern.gen_header([], "/t")
+    h = kern.gen_header(None, "")
+    assert "#define PG_KERNELS_KNOWN 0" in h and "#define PG_KERNELS_CHANGED NULL" in h
+
+
+def test_this_build_reports_its_kernel_trust():
+    trust = _core.kernel_trust()
+    assert pyggml.build_info()["kernels"] == trust
+    src = pyggml.build_info()["ggml_source"]
+    if src.startswith("system:"):
+        assert not trust["known"] and "ADD" in trust["untrusted"]
+    elif src.startswith("pypi:libggml-python==0.20.2"):
+        assert trust == {"known": True, "untrusted": []}
+
+
+def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
+    """The rule passes the node, but the op's kernel is not the one it was written
+    against: the node reads as unchecked, and the graph runs the forked proof first."""
+    was = _core._set_kernel_untrusted(pyggml.Op.ADD, True)
+    try:
+        assert "ADD" in _core.kernel_trust()["untrusted"]
+        with pyggml.Context(1 << 20) as ctx:
+            a = ctx.from_numpy(np.arange(6, dtype=np.float32))
+            b = ctx.from_numpy(np.ones(6, dtype=np.float32))
+            g = pyggml.Graph(ctx)
+            c = pyggml.add(ctx, a, b)
+            g.build_forward_expand(c)
+            assert g.unchecked_ops == 1
+            g.compute(1)
+            np.testing.assert_array_equal(c.numpy(), np.arange(6) + 1)
+            # a node the rule refuses stays refused: distrust never lets more through
+            q8 = ctx.new_tensor(pyggml.Type.Q8_0, (32, 2))
+            with pytest.raises(pyggml.GGMLTypeError, match="ADD node refused"):
+                pyggml.add(ctx, ctx.new_tensor(pyggml.Type.F32, (32, 2)), q8)
+    finally:
+        _core._set_kernel_untrusted(pyggml.Op.ADD, was)
+    assert "ADD" not in _core.kernel_trust()["untrusted"] or was
+    with pytest.raises(pyggml.ArgumentError, match="no op"):
+        _core._set_kernel_untrusted(10_000, True)
