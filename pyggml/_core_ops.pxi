@@ -181,9 +181,10 @@ def op_is_checked(op, sub_op=0):
 def kernel_trust():
     """kernel_trust() -> {"known": bool, "untrusted": [op, ...]}: whether the build could
     fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py: a source build), and
-    the ops (GGML_OP names) whose kernel is not the one their rule was written against,
-    or all of them when it could not. Their nodes are proven in a forked child, with a
-    timeout, before they compute: a rule cannot vouch for a kernel it has not seen."""
+    the ops (GGML_OP names) whose kernel is not the one their rule was written against.
+    Their nodes are proven in a forked child, with a timeout, before they compute: a rule
+    cannot vouch for a kernel it has not seen. Where the kernels are unknown (a prebuilt
+    ggml), the rules are trusted unverified and nothing is listed."""
     return {"known": bool(pyggml_kernels_known()),
             "untrusted": [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)
                           if pyggml_kernel_untrusted(i)]}

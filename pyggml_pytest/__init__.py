@@ -133,3 +133,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if path and config.getoption("--pyggml-sweep") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Collector(path), "pyggml-sweep-json")
 
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """With --pyggml-sweep: which ops' kernels pyggml's rules were not written against
+    (their graphs are proven in a forked child before they compute)."""
+    if not config.getoption("--pyggml-sweep", False):
+        return None
+    from pyggml.parity import store
+    untrusted = store.build_identity()["untrusted_kernels"]
+    shown = untrusted if isinstance(untrusted, str) else (", ".join(untrusted) or "none")
+    return [f"pyggml: kernels not trusted to their rules: {shown}"]

@@ -421,6 +421,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         row["ggml_source"] = build["ggml_source"]
         row["isa"] = isa or "native"
         row["backends"] = [d["name"] for d in build.get("backends", [])]
+        row["kernels"] = build.get("kernels")        # the ops whose kernel the rules were not written against
         row["built"] = True
         pjson, npz = out / "parity.json", out / "parity.npz"
         if results is not None:
@@ -533,6 +534,14 @@ def op_changes(rows: list[dict]) -> str:
             out.append(f"    not bound: {name}: {why}")
         if r["builders"]["header_only"]:
             out.append(f"    builders only in its header: {', '.join(r['builders']['header_only'])}")
+    for r in rows:
+        k = r.get("kernels")
+        if k is not None and not k["known"]:
+            out.append(f"  {r['spec']}: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); "
+                       f"its rules are trusted unverified")
+        elif k is not None and k["untrusted"]:
+            out.append(f"  {r['spec']}: kernels not trusted to their rules (graphs proven in a forked child): "
+                       f"{', '.join(k['untrusted'])}")
     return "\n".join(out)
 
 

@@ -117,8 +117,8 @@ def test_this_build_reports_its_kernel_trust():
     trust = _core.kernel_trust()
     assert pyggml.build_info()["kernels"] == trust
     src = pyggml.build_info()["ggml_source"]
-    if src.startswith("system:"):
-        assert not trust["known"] and "ADD" in trust["untrusted"]
+    if src.startswith("system:"):       # no kernel source: unknown, the rules trusted unverified
+        assert trust == {"known": False, "untrusted": []}
     elif src.startswith("pypi:libggml-python==0.20.2"):
         assert trust == {"known": True, "untrusted": []}
 
@@ -147,3 +147,26 @@ def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
     assert "ADD" not in _core.kernel_trust()["untrusted"] or was
     with pytest.raises(pyggml.ArgumentError, match="no op"):
         _core._set_kernel_untrusted(10_000, True)
+
+
+def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, capsys):
+    from pyggml.parity import store
+    assert store.build_identity()["untrusted_kernels"] == (
+        _core.kernel_trust()["untrusted"] if _core.kernel_trust()["known"]
+        else "unknown: a prebuilt ggml, its rules trusted unverified")
+    spec = importlib.util.spec_from_file_location("ci_upstream_k", ROOT / "scripts" / "ci_upstream.py")
+    ci = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ci)
+    ops = {"wrapped": ["GGML_OP_ADD"], "not_wrapped": {}}
+    builders = {"bound": ["add"], "not_bound": {}, "header_only": []}
+    rows = [dict(spec="vendored", ggml_version="0.20.2", ops=ops, builders=builders,
+                 kernels={"known": True, "untrusted": []}),
+            dict(spec="sdist:x==1", ggml_version="0.25.3", ops=ops, builders=builders,
+                 kernels={"known": True, "untrusted": ["ROPE", "UNARY"]}),
+            dict(spec="pypi:libggml-python==0.17.0", ggml_version="0.17.0", ops=ops, builders=builders,
+                 kernels={"known": False, "untrusted": []})]
+    text = ci.op_changes(rows)
+    assert "sdist:x==1: kernels not trusted to their rules (graphs proven in a forked child): ROPE, UNARY" in text
+    assert "pypi:libggml-python==0.17.0: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); " \
+           "its rules are trusted unverified" in text
+    assert "vendored: kernels" not in text

@@ -84,6 +84,13 @@ def transposed(ctx, x):
 
 # --- every op of the family has a rule ------------------------------------------------------------
 
+def _untrusted_nodes(g):
+    """Nodes of ``g`` whose op's kernel is not the one its rule was written against (none
+    in the pinned build): they read unchecked although their rule passes them."""
+    untrusted = set(pyggml._core.kernel_trust()["untrusted"])
+    return sum(n.op in untrusted for n in g.nodes)
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_every_conv_sample_builds_a_checked_graph():
     """each OpInfo's first sample makes nodes that all have a kernel rule (no guarded proof
@@ -96,7 +103,7 @@ def test_every_conv_sample_builds_a_checked_graph():
             args = [_tensor(ctx, a) if isinstance(a, pyggml.opinfo.Arg) else a for a in s.args]
             g = pyggml.Graph(ctx, 64)
             g.build_forward_expand(getattr(pyggml, info.op)(ctx, *args))
-            assert g.unchecked_ops == 0, info.op
+            assert g.unchecked_ops == _untrusted_nodes(g), info.op
 
 
 # --- IM2COL ----------------------------------------------------------------------------------------
@@ -208,7 +215,7 @@ def test_col2im_1d_rule_mirrors_the_builders_asserts():
         t = pyggml.col2im_1d(ctx, rand(ctx, (4, 6)), 2, 2, 1)
         g = pyggml.Graph(ctx, 8)
         g.build_forward_expand(t)
-        assert g.unchecked_ops == 0
+        assert g.unchecked_ops == _untrusted_nodes(g)
 
 
 # --- CONV_2D (ggml_conv_2d_direct) -------------------------------------------------------------------

@@ -259,8 +259,9 @@ PYGGML_RT_API int pyggml_checks_enabled(void);
 /* 1 if pyggml has a rule for this op (and sub-op) of the linked ggml. */
 PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
 /* Kernel trust (pyggml/_kernels.py): 1 if the build fingerprinted the linked ggml's CPU
- * kernels; 1 if op's kernel is not the one its rule was written against (or unknown), so
- * that its nodes read PYGGML_UNCHECKED even when the rule passes them. _set_ (testing
+ * kernels; 1 if op's kernel is not the one its rule was written against, so that its
+ * nodes read PYGGML_UNCHECKED even when the rule passes them (0 for every op of a build
+ * that could not fingerprint them: the rules are trusted there, unverified). _set_ (testing
  * only) marks an op and returns the previous mark (-1 for no such op). */
 PYGGML_RT_API int pyggml_kernels_known(void);
 PYGGML_RT_API int pyggml_kernel_untrusted(int op);

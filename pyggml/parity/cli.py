@@ -188,7 +188,14 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                                                    "skipped") if summ[k])
     print(f"\n{summ['subjects']} subjects, {summ['cases']} cases, {summ['comparisons']} comparisons: {counts}; "
           f"worst NMSE against the reference {summ['worst_nmse']:.2e}; ggml {pyggml.ggml_version()}; {elapsed:.1f} s")
-    meta: dict[str, Any] = {"identity": store.build_identity(), "quick": args.quick, "seed": args.seed,
+    ident = store.build_identity()
+    untrusted = ident["untrusted_kernels"]
+    if isinstance(untrusted, str):
+        print(f"kernels: {untrusted}")
+    elif untrusted:
+        print(f"kernels not trusted to pyggml's rules (each graph proven in a forked child first): "
+              f"{', '.join(untrusted)}")
+    meta: dict[str, Any] = {"identity": ident, "quick": args.quick, "seed": args.seed,
                             "ops": args.op, "types": types, "paths": paths, "threads": args.threads,
                             "seconds": elapsed}
     if stopped:

@@ -29,7 +29,10 @@ def build_identity() -> dict[str, Any]:
     feats = _cpu.cpu_features()
     return {"pyggml": pyggml.__version__, "ggml_version": info["ggml_version"], "ggml_commit": info["ggml_commit"],
             "ggml_source": info["ggml_source"], "native": info["native"], "openmp": info["openmp"],
-            "cpu_features": sorted(k for k, v in feats.items() if v), "backend": "CPU"}
+            "cpu_features": sorted(k for k, v in feats.items() if v), "backend": "CPU",
+            # the ops whose CPU kernel pyggml's rules were not written against (proven in a child)
+            "untrusted_kernels": (info["kernels"]["untrusted"] if info["kernels"]["known"]
+                                  else "unknown: a prebuilt ggml, its rules trusted unverified")}
 
 
 def npz_path(path: str) -> str:
