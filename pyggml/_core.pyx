@@ -46,7 +46,8 @@ from enum import IntEnum
 import numpy as np
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, GGMLAbort,
-                           GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, UpstreamDefect)
+                           GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, KernelTimeout,
+                           UpstreamDefect)
 
 cnp.import_array()
 pyggml_guard_install()

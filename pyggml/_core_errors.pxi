@@ -18,8 +18,9 @@ _STATUS_TABLE = {
     PYGGML_PROOF_SIGNAL: (GGMLAbort, "{where}: ggml would abort (signal {how}): {msg_or_none}{detail}",
                           "ggml_message"),
     PYGGML_PROOF_EXIT: (GGMLAbort, "{where}: ggml would abort (exit {how}): {msg_or_none}{detail}", "ggml_message"),
-    PYGGML_PROOF_TIMEOUT: (GGMLAbort, "{where}: ggml would abort (timed out after {how} s): {msg_or_none}{detail}",
-                           "ggml_message"),
+    PYGGML_PROOF_TIMEOUT: (KernelTimeout, "{where}: the kernel did not finish in the proof's {how} s (a hang, or "
+                                          "a kernel far slower than a proof allows); the child was killed: "
+                                          "{msg_or_none}{detail}", "timeout"),
     PYGGML_SYSTEM: (OSError, "{where}: the forked proof could not run ({msg}){detail}", "errno"),
     PYGGML_COMPUTE_FAILED: (ComputeError, "{where}: ggml's compute failed: {msg}{detail}", "status"),
     PYGGML_OUT_OF_MEMORY: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
@@ -57,6 +58,8 @@ cdef int raise_status(pyggml_status * st, str where, str detail="", tuple names=
         raise cls(st.how or _errno.EIO, text)
     if extra == "status":
         raise cls(text, msg)
+    if extra == "timeout":
+        raise cls(text, msg, float(st.how))
     raise InternalError(f"{where}: the error table's entry for code {st.code} is malformed (please report)")
 
 

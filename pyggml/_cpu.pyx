@@ -16,7 +16,7 @@ from libc.string cimport memcpy, memset
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport ggml_backend_t, ggml_backend_cpu_set_abort_callback
 from pyggml._rt cimport *
-from pyggml._core cimport Storage, index_arg, raise_aborted, raise_status
+from pyggml._core cimport Storage, arg_float, index_arg, raise_aborted, raise_status
 from pyggml._graph cimport Executor, Graph
 
 import os
@@ -123,7 +123,7 @@ cdef ggml_cplan _plan(Graph graph, int n_threads, ggml_threadpool * tp) except *
     return plan
 
 
-cdef int _prove(Graph graph) except -1:
+cdef int _prove(Graph graph, double timeout_s=PYGGML_PROOF_TIMEOUT_S) except -1:
     """Compute once in a forked child, on one thread, with every tensor in guarded
     memory, before computing for real.
 
@@ -136,19 +136,26 @@ cdef int _prove(Graph graph) except -1:
     cdef pyggml_status st
     cdef size_t min_work = _fab_work_size(graph, 1)
     with nogil:
-        pyggml_prove_graph(graph.ptr, min_work, PYGGML_PROOF_TIMEOUT_S, &st)
+        pyggml_prove_graph(graph.ptr, min_work, timeout_s, &st)
     raise_status(&st, "compute")
     graph._unproven = False
     return 0
 
 
-def prove(Graph graph not None):
-    """prove(graph): run the guarded proof now (a forked child computes the graph with
-    every tensor between guard pages), whatever the graph's nodes; raise what it finds:
-    GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for an access past a
-    tensor. For tests of the kernel rules (with the rules disabled)."""
+def prove(Graph graph not None, timeout=None):
+    """prove(graph, timeout=None): run the guarded proof now (a forked child computes the
+    graph with every tensor between guard pages), whatever the graph's nodes; raise what
+    it finds: GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for an access
+    past a tensor, KernelTimeout when the child runs past ``timeout`` seconds (default:
+    the proof's own limit). For tests of the kernel rules (with the rules disabled) and
+    the defect probes."""
     graph._check()
-    _prove(graph)
+    cdef double limit = PYGGML_PROOF_TIMEOUT_S
+    if timeout is not None:
+        limit = arg_float(timeout, "timeout", "prove")
+        if not (0 < limit <= PYGGML_PROOF_TIMEOUT_S):
+            raise ArgumentError(f"prove: timeout must be in (0, {PYGGML_PROOF_TIMEOUT_S:g}] s, not {timeout!r}")
+    _prove(graph, limit)
 
 
 def _compute_without_proof(Graph graph not None, n_threads=1):

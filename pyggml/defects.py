@@ -62,12 +62,12 @@ def _probe_fab_work_size():
         return max(0, _cpu.fab_work_bytes(1, 1, 4) - g._plan_work_size(4))
 
 
-def _verdict(build):
+def _verdict(build, timeout=None):
     """What the CPU kernel does with ``build(ctx)``'s node, pyggml's rules off: "ok",
-    "abort" or "out-of-bounds" (pyggml.opinfo.harness.kernel_verdict)."""
+    "abort", "out-of-bounds" or "hang" (pyggml.opinfo.harness.kernel_verdict)."""
     from pyggml.opinfo.harness import kernel_verdict
 
-    return kernel_verdict(build)
+    return kernel_verdict(build, timeout)
 
 
 def _probe_set_bounds():
@@ -88,6 +88,16 @@ def _probe_pad_circular():
                                                         64, 1, 0, 0, 0, 0, 0, 0))
 
 
+def _probe_rope_ndims0():
+    import numpy as np
+
+    import pyggml
+
+    # a row of 8 rotated by 0 dims: the pinned kernel copies it, a changed one spins
+    return _verdict(lambda ctx: pyggml.rope(ctx, ctx.from_numpy(np.ones((1, 1, 8), np.float32)),
+                                            ctx.from_numpy(np.zeros(1, np.int32)), 0, 0), timeout=5.0)
+
+
 def _probe_cpy_to_q_work():
     import numpy as np
 
@@ -100,6 +110,20 @@ def _probe_cpy_to_q_work():
 
 
 DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        id="rope-ndims0-hang",
+        title="ROPE with n_dims = 0 never returns (the rewritten tail copy steps backwards)",
+        ops=("ROPE",),
+        where="ggml-cpu/ops.cpp, the rope kernel's copy of the unrotated channels, as rewritten after 0.20.2: at "
+              "i0 == the rotated block's offset it adds n_dims - 2 (= -2) and continues, so i0 cycles 0, -2, 0 "
+              "forever; the builder accepts n_dims = 0 (0 is even and <= ne0)",
+        action="refused with UpstreamDefect where the ROPE kernel is not the pinned one (kernel trust); the pinned "
+               "0.20.2 kernel copies the row and is allowed",
+        seen_in=("0.25.3",),
+        probe=_probe_rope_ndims0,
+        probe_unit="kernel verdict, rules off, of rope(x[8], pos, n_dims=0, mode 0) with a 5 s limit "
+                   "('ok': absent, 'hang': present)",
+    ),
     Defect(
         id="fab-builder-aborts",
         title="ggml_flash_attn_back() aborts unconditionally",

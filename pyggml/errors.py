@@ -12,6 +12,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     ├── GGMLTypeError (TypeError)           a wrong Python type, or a ggml type the op does not take
     ├── ContextFullError (MemoryError)      the result would not fit its context
     ├── GGMLAbort (ValueError)              ggml itself would abort: .ggml_message is its message
+    │   └── KernelTimeout                   a proof's child ran past its time: the kernel hangs (or is slow)
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
     ├── UnsupportedOpError (NotImplementedError)  a backend (or kernel) cannot compute this node
@@ -29,7 +30,8 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InUseError",
-    "InternalError", "KernelPreconditionError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
+    "InternalError", "KernelPreconditionError", "KernelTimeout", "UnsafeForkError", "UnsupportedOpError",
+    "UpstreamDefect",
 ]
 
 
@@ -77,6 +79,16 @@ class GGMLAbort(GGMLError, ValueError):
     def __init__(self, message: str, ggml_message: str = ""):
         super().__init__(message)
         self.ggml_message = ggml_message
+
+
+class KernelTimeout(GGMLAbort):
+    """A forked proof's child computed past its time limit and was killed: a kernel that
+    never returns on this node (such as a loop whose step is zero), or one far slower than
+    the proof allows. ``.seconds`` is the limit it ran past."""
+
+    def __init__(self, message: str, ggml_message: str = "", seconds: float = 0.0):
+        super().__init__(message, ggml_message)
+        self.seconds = seconds
 
 
 class UpstreamDefect(GGMLError, ValueError):

@@ -170,3 +170,48 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     assert "pypi:libggml-python==0.17.0: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); " \
            "its rules are trusted unverified" in text
     assert "vendored: kernels" not in text
+
+
+def test_a_proof_that_runs_past_its_time_is_a_kernel_timeout():
+    """The proof's child is killed at its limit; the error is a KernelTimeout (a GGMLAbort)
+    carrying the limit, not a hang of the caller."""
+    import time
+    with pyggml.Context(256 << 20) as ctx:
+        a = ctx.from_numpy(np.ones((1536, 1536), np.float32))
+        t = a
+        for _ in range(4):
+            t = pyggml.mul_mat(ctx, a, t)
+        g = pyggml.Graph(ctx, 16)
+        g.build_forward_expand(t)
+        t0 = time.monotonic()
+        with pytest.raises(pyggml.KernelTimeout, match="did not finish in the proof's") as e:
+            pyggml._cpu.prove(g, 0.001)
+        assert time.monotonic() - t0 < 5
+        assert isinstance(e.value, pyggml.GGMLAbort)
+        for bad in (0, -1, 1e9):
+            with pytest.raises(pyggml.ArgumentError, match="timeout must be in"):
+                pyggml._cpu.prove(g, bad)
+
+
+def test_rope_with_no_rotated_dims_is_refused_where_the_kernel_changed():
+    """rope-ndims0-hang: the pinned kernel copies the row for n_dims = 0 (allowed); a changed
+    ROPE kernel (upstream's rewritten tail copy) never returns there: refused."""
+    from pyggml import defects
+    x = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
+    with pyggml.Context(1 << 20) as ctx:
+        a, pos = ctx.from_numpy(x), ctx.from_numpy(np.zeros(1, np.int32))
+        if "ROPE" not in _core.kernel_trust()["untrusted"]:
+            r = pyggml.rope(ctx, a, pos, 0, 0)
+            g = pyggml.Graph(ctx, 8)
+            g.build_forward_expand(r)
+            g.compute(1)
+            np.testing.assert_array_equal(r.numpy().reshape(x.shape), x)      # nothing rotated: a copy
+            assert defects.get("rope-ndims0-hang").run_probe() == "ok"
+        was = _core._set_kernel_untrusted(pyggml.Op.ROPE, True)
+        try:
+            with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0 with this ggml's changed rope kernel") as e:
+                pyggml.rope(ctx, a, pos, 0, 0)
+            assert e.value.defect == "rope-ndims0-hang"
+            pyggml.rope(ctx, a, pos, 2, 0)                       # rotating dims is not refused
+        finally:
+            _core._set_kernel_untrusted(pyggml.Op.ROPE, was)

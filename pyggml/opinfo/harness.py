@@ -36,11 +36,12 @@ def rules_disabled():
         pyggml._core._set_rules_enabled(was)
 
 
-def kernel_verdict(build) -> str:
+def kernel_verdict(build, timeout: float | None = None) -> str:
     """What the CPU kernel itself does with the node ``build(ctx)`` returns, rules off:
     "ok" (ran clean in the guarded child), "abort" (GGMLAbort: an assertion, or a fault
-    such as SIGFPE) or "out-of-bounds" (a read or write past a tensor). The builder
-    itself may still raise (GGMLAbort): then "builder"."""
+    such as SIGFPE), "out-of-bounds" (a read or write past a tensor) or "hang" (the child
+    ran past ``timeout`` seconds, default the proof's own limit). The builder itself may
+    still raise (GGMLAbort): then "builder"."""
     with rules_disabled(), pyggml.Context(64 << 20) as ctx:
         try:
             t = build(ctx)
@@ -49,7 +50,9 @@ def kernel_verdict(build) -> str:
         g = pyggml.Graph(ctx, 512)
         g.build_forward_expand(t)
         try:
-            pyggml._cpu.prove(g)
+            pyggml._cpu.prove(g, timeout)
+        except pyggml.KernelTimeout:
+            return "hang"
         except pyggml.UpstreamDefect:
             return "out-of-bounds"
         except pyggml.GGMLAbort:
