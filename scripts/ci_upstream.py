@@ -323,6 +323,8 @@ def reused_results(results: Path, quick_parity: bool, build: dict) -> tuple[dict
     try:
         root = ET.parse(junit).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")
+        if suite is None:
+            return {}, f"{junit} has no testsuite"
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
         meta = json.loads(pjson.read_text())["meta"]
     except (ET.ParseError, AttributeError, ValueError, KeyError) as e:

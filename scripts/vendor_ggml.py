@@ -160,8 +160,9 @@ def pin(requirement: str, subdir: str) -> Path:
         if not is_ggml_tree(tree):
             raise VendorError(f"{got.name}: {subdir}/ is not a ggml tree (no CMakeLists.txt + include/ggml.h)")
         text = (tree / "CMakeLists.txt").read_text()
-        parts = [re.search(rf"set\(GGML_VERSION_{k}\s+(\d+)\)", text) for k in ("MAJOR", "MINOR", "PATCH")]
-        version = ".".join(m.group(1) for m in parts) if all(parts) else "unknown"
+        found = [re.search(rf"set\(GGML_VERSION_{k}\s+(\d+)\)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+        parts = [m.group(1) for m in found if m is not None]
+        version = ".".join(parts) if len(parts) == 3 else "unknown"
         digest = sha256_of(got)
         cache = cache_dir()
         cache.mkdir(parents=True, exist_ok=True)

@@ -344,6 +344,8 @@ def test_reused_results_refuse_a_missing_or_broken_file(tmp_path):
     d = _results(tmp_path / "s")
     (d / "junit.xml").write_text("<testsuites><testsuite")
     assert "unreadable (ParseError" in ci.reused_results(d, False, BUILD)[1]
+    (d / "junit.xml").write_text("<testsuites/>")
+    assert "has no testsuite" in ci.reused_results(d, False, BUILD)[1]
 
 
 def test_run_spec_with_results_runs_neither_pytest_nor_the_sweep(tmp_path, monkeypatch):
