@@ -226,8 +226,17 @@ def distinct_specs(specs: list[str]) -> list[str]:
     return list(seen.values())
 
 
+TIMED_OUT = 124          # a step's exit status when it ran past its time (timeout(1)'s)
+
+
 class Step:
-    """Runs commands, appending their output to one log file per spec."""
+    """Runs commands, appending their output to one log file per spec.
+
+    Each command runs in a process group of its own and writes straight into the log, so
+    that what it printed is there whatever happens; one that runs past ``timeout`` has its
+    whole group killed (its children too: a forked proof spinning in a hung kernel, a
+    pytest-xdist worker) and reads as exit TIMED_OUT, so the spec fails and the matrix goes
+    on. Ctrl-C kills the group too, then propagates."""
 
     def __init__(self, log: Path):
         self.log = log
@@ -237,11 +246,34 @@ class Step:
         with self.log.open("a") as f:
             f.write(f"\n$ {' '.join(map(str, cmd))}\n")
             f.flush()
-            proc = subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
-            f.write(proc.stdout)
-            f.write(f"[exit {proc.returncode}]\n")
-        return proc
+            start = f.tell()
+            proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                rc = TIMED_OUT
+            except BaseException:
+                _kill_group(proc)
+                raise
+            f.flush()
+        with self.log.open() as f:
+            f.seek(start)
+            out = f.read()
+        with self.log.open("a") as f:
+            if rc == TIMED_OUT and proc.returncode != TIMED_OUT:
+                f.write(f"[timed out after {timeout} s: its process group was killed]\n")
+            f.write(f"[exit {rc}]\n")
+        return subprocess.CompletedProcess(cmd, rc, stdout=out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group a Step started (the command and everything it forked that
+    stayed in its group), and reap the command."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def clean_env() -> dict[str, str]:
@@ -948,8 +980,14 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
         reused = reuse.get(normalise_spec(spec))
-        row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
-                       args.reuse_results.absolute() if reused and args.reuse_results else None)
+        try:
+            row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
+                           args.reuse_results.absolute() if reused and args.reuse_results else None)
+        except Exception as e:         # the spec fails; the report and the later specs still come
+            row = dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
+                       known_defects=[], seconds=0.0, log=str(args.workdir / spec_dirname(spec) / "log.txt"),
+                       error=f"{type(e).__name__}: {e}")
+            print(f"ci_upstream: {spec}: {row['error']}", flush=True)
         ok = _ok(row)
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "
               f"in {row['seconds']} s (log: {row['log']})", flush=True)

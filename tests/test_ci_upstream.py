@@ -3,6 +3,7 @@ moves the user's checkout (issue 17, item 14). Nothing here builds pyggml: the b
 are stubbed."""
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -187,6 +188,78 @@ def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
         ci.main(["--ggml", "vendored", "--ggml", "pypi:libggml-python==0.17.0+blas", "--workdir",
                  str(tmp_path / "w")])
     assert ran == []
+
+
+# --- a step that hangs: its whole process group killed, the matrix goes on -------------------
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (killed, not yet reaped by init) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_step_past_its_time_kills_its_whole_group_and_keeps_its_output(tmp_path):
+    """A step whose command forks a child that spins (as a proof's child in a hung kernel
+    does) and then hangs itself: after the timeout both are gone, what it printed before is
+    in the log, and the step reads as exit 124, no exception."""
+    import time
+    pidfile = tmp_path / "grandchild.pid"
+    script = (f"import os, subprocess, sys, time\n"
+              f"c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+              f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+              f"print('before the hang', flush=True)\n"
+              f"time.sleep(600)\n")
+    step = ci.Step(tmp_path / "log.txt")
+    t0 = time.monotonic()
+    proc = step.run([sys.executable, "-c", script], timeout=3)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode == ci.TIMED_OUT == 124
+    assert "before the hang" in proc.stdout
+    log = (tmp_path / "log.txt").read_text()
+    assert "before the hang" in log and "[timed out after 3 s: its process group was killed]" in log
+    assert log.rstrip().endswith("[exit 124]")
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not _alive(grandchild), "the spinning child was left behind"
+
+
+def test_a_step_keeps_its_output_and_status(tmp_path):
+    step = ci.Step(tmp_path / "log.txt")
+    proc = step.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    assert proc.returncode == 3 and "out" in proc.stdout and "err" in proc.stdout
+    proc = step.run([sys.executable, "-c", "print('second')"])
+    assert proc.returncode == 0 and proc.stdout.strip() == "second"     # only this step's output
+    assert (tmp_path / "log.txt").read_text().count("[exit ") == 2
+
+
+def test_a_spec_that_raises_is_a_failed_row_and_the_rest_still_run(tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
+        ran.append(spec)
+        if spec == "vendored":
+            raise RuntimeError("the build exploded")
+        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
+                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    out = tmp_path / "m.json"
+    assert ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--workdir", str(tmp_path / "w"),
+                    "--json", str(out)]) == 1
+    assert ran == ["vendored", "vendored+blas"]
+    import json
+    rows = json.loads(out.read_text())["specs"]
+    assert rows[0]["error"] == "RuntimeError: the build exploded" and not ci._ok(rows[0])
+    assert "vendored: RuntimeError: the build exploded" in capsys.readouterr().out
 
 
 # --- --reuse vendored=PYTHON: the CI's own install stands for the vendored spec -------------
