@@ -492,10 +492,10 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             row["ops"] = probe["ops"]
             row["builders"] = probe["builders"]
             row["defects"] = probe["defects"]
-            row["known_defects"] = [f"{k}: {v}" for k, v in probe["defects"].items() if v]
+            row["known_defects"] = [f"{k}: {v}" for k, v in probe["defects"].items() if measures_defect(v)]
             if row.get("patched"):
                 # the fixed defects must be gone: their probes measure nothing
-                row["patch_ok"] = all(not probe["defects"].get(d) for d in row["patched"])
+                row["patch_ok"] = all(not measures_defect(probe["defects"].get(d)) for d in row["patched"])
         return row
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -636,6 +636,13 @@ def _version_key(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v or "")[:3])
 
 
+def measures_defect(value: object) -> bool:
+    """Whether a defect probe's measurement shows the defect (pyggml.defects.measures_defect,
+    which this script cannot import): bytes past a buffer (0: fixed) or a kernel verdict
+    ("ok": fixed, "abort", "out-of-bounds", "hang": present)."""
+    return value not in (None, False, 0, "", "ok")
+
+
 def timeline(rows: list[dict]) -> list[dict]:
     """Over the releases (one spec per ggml version, native ISA, ordered by version):
     for every finding, the first release where it is seen and the last release before
@@ -662,7 +669,7 @@ def timeline(rows: list[dict]) -> list[dict]:
         r = releases[v]
         for d, val in (r.get("defects") or {}).items():
             kinds[f"defect:{d}"] = "defect"
-            if val:
+            if measures_defect(val):
                 seen.setdefault(f"defect:{d}", {})[v] = str(val)
         for f, what in (r.get("parity") or {}).get("found", {}).items():
             kinds[f] = f.split(":")[0]

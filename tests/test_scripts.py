@@ -426,6 +426,20 @@ def test_timeline_first_seen_and_last_absent():
     assert "op:rope: v0.9.4 2/4 (A 2, B 0); v0.13.1 1/4" in dis
 
 
+def test_a_kernel_verdict_of_ok_is_an_absent_defect():
+    """A verdict probe measures "ok" where a defect is absent (fixed, or never there): the
+    matrix must not list it as seen (the first run of rope-ndims0-hang's probe showed
+    "first seen 0.17.0" for a defect no release before 0.21 has)."""
+    rows = [_spec("0.17.0", defects={"hang-probe": "ok", "oob-probe": "out-of-bounds"}),
+            _spec("0.20.2", defects={"hang-probe": "hang", "oob-probe": "ok"})]
+    items = {t["id"]: t for t in ci.timeline(rows)}
+    hang, oob = items["defect:hang-probe"], items["defect:oob-probe"]
+    assert (hang["first_seen"], hang["last_absent"]) == ("0.20.2", "0.17.0")
+    assert (oob["first_seen"], oob["absent_again"]) == ("0.17.0", "0.20.2")
+    for v, want in ((None, False), (0, False), ("ok", False), (64, True), ("hang", True), ("abort", True)):
+        assert ci.measures_defect(v) is want, v
+
+
 def test_parity_summary_keeps_the_worst_verdict_and_the_findings():
     rows = [dict(op="a", verdict="ok", case="c", detail=""), dict(op="a", verdict="refused", case="c", detail=""),
             dict(op="b", verdict="oob", case="c2", detail="wrote 4 bytes past"), dict(op="b", verdict="ok", case="c",
