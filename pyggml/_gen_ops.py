@@ -199,6 +199,16 @@ def header_builders(src: str) -> dict[str, list[str]]:
     return out
 
 
+def header_api(src: str) -> list[str]:
+    """The name of every function ggml.h declares ``GGML_API`` (deprecated ones too),
+    sorted: what the drift report compares between two ggml trees."""
+    names = set()
+    for m in re.finditer(r"GGML_API\b([^;{]*?)\b(ggml_\w+)\s*\(", src, flags=re.S):
+        if "(" not in m.group(1):           # the first parenthesis is the function's own
+            names.add(m.group(2))
+    return sorted(names)
+
+
 def normalize_decl(decl: str) -> str:
     """A parameter declaration without its name: 'int sections[GGML_MROPE_SECTIONS]' -> 'int[4]'."""
     decl = " ".join(decl.replace("*", " * ").split())
@@ -524,7 +534,7 @@ def gen_ops_py(families: dict[str, list[Op]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def gen_optable(ops: list[Op], builders: dict[str, list[str]], version: str) -> str:
+def gen_optable(ops: list[Op], builders: dict[str, list[str]], version: str, api: list[str] | None = None) -> str:
     rows = []
     for op in ops:
         rows.append({
@@ -543,7 +553,9 @@ def gen_optable(ops: list[Op], builders: dict[str, list[str]], version: str) -> 
             "# one dict per row of pyggml/ops.txt; `available`: this build binds it (else `reason`)\n"
             f"OPS: list[dict[str, Any]] = {pprint.pformat(rows, width=110, sort_dicts=False)}\n\n"
             "# builders of this ggml.h that the table does not know (new upstream)\n"
-            f"HEADER_ONLY: list[str] = {extra!r}\n")
+            f"HEADER_ONLY: list[str] = {extra!r}\n\n"
+            "# every GGML_API function of this ggml.h (the drift report compares them)\n"
+            f"API: list[str] = {pprint.pformat(api or [], width=110)}\n")
 
 
 def gen_enum_pxi(enums: dict[str, list[str]]) -> str:
@@ -660,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         write_if_changed(os.path.join(args.out, f"_ops_{fam}.pyx"), gen_family(fam, fops))
         write_if_changed(os.path.join(args.out, f"_ops_{fam}.pyi"), gen_stub(fam, fops))
     write_if_changed(os.path.join(args.out, "_ops.py"), gen_ops_py(bound_families))
-    write_if_changed(os.path.join(args.out, "_optable.py"), gen_optable(ops, builders, version))
+    write_if_changed(os.path.join(args.out, "_optable.py"), gen_optable(ops, builders, version, header_api(src)))
     write_if_changed(os.path.join(args.out, "enum_members.pxi"), gen_enum_pxi(enums))
     template = os.path.join(os.path.dirname(os.path.abspath(args.table)), "_core.pyi.in")
     with open(template) as f:

@@ -146,7 +146,9 @@ def isa_defines(isa: str) -> dict[str, str]:
 # builders of the table it binds, and the defect registry's probes
 OPS_PROBE = """
 import json, pyggml, pyggml.coverage, pyggml.defects
+from pyggml import _optable
 print(json.dumps({"ops": pyggml.op_coverage(), "builders": pyggml.coverage.builder_coverage(),
+                  "api": getattr(_optable, "API", None),
                   "defects": {k: v for k, v in pyggml.defects.probe_all().items() if v is not None}}))
 """
 
@@ -491,6 +493,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             probe = json.loads(ops.stdout.strip().splitlines()[-1])
             row["ops"] = probe["ops"]
             row["builders"] = probe["builders"]
+            row["api"] = probe.get("api")           # every GGML_API function of its ggml.h
             row["defects"] = probe["defects"]
             row["known_defects"] = [f"{k}: {v}" for k, v in probe["defects"].items() if measures_defect(v)]
             if row.get("patched"):
@@ -568,6 +571,10 @@ def op_changes(rows: list[dict]) -> str:
             out.append(f"    not bound: {name}: {why}")
         if r["builders"]["header_only"]:
             out.append(f"    builders only in its header: {', '.join(r['builders']['header_only'])}")
+        if r.get("api") is not None and base.get("api") is not None:
+            added, removed = sorted(set(r["api"]) - set(base["api"])), sorted(set(base["api"]) - set(r["api"]))
+            out.append(f"    GGML_API functions added: {', '.join(added) or '-'}")
+            out.append(f"    GGML_API functions removed: {', '.join(removed) or '-'}")
     for r in rows:
         k = r.get("kernels")
         if k is not None and not k["known"]:

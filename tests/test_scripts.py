@@ -285,8 +285,9 @@ def test_matrix_table_marks_failures():
 def test_matrix_reports_op_changes_between_specs():
     base = dict(spec="vendored", ggml_version="0.20.2",
                 ops={"wrapped": ["GGML_OP_ADD", "GGML_OP_CUMSUM"], "not_wrapped": {"GGML_OP_NONE": "leaf"}},
-                builders={"bound": ["add", "cumsum", "ssm_scan"], "not_bound": {}, "header_only": []})
-    old = dict(spec="pypi:libggml-python==0.9.4", ggml_version="0.9.4",
+                builders={"bound": ["add", "cumsum", "ssm_scan"], "not_bound": {}, "header_only": []},
+                api=["ggml_add", "ggml_cumsum", "ggml_init"])
+    old = dict(spec="pypi:libggml-python==0.9.4", ggml_version="0.9.4", api=["ggml_add", "ggml_init", "ggml_legacy"],
                ops={"wrapped": ["GGML_OP_ADD"], "not_wrapped": {"GGML_OP_NONE": "leaf", "GGML_OP_OLD": "x"}},
                builders={"bound": ["add"], "not_bound": {"cumsum": "this ggml has no ggml_cumsum",
                                                         "ssm_scan": "ggml_ssm_scan of this ggml takes (...)"},
@@ -296,7 +297,26 @@ def test_matrix_reports_op_changes_between_specs():
     assert "not bound: cumsum: this ggml has no ggml_cumsum" in text
     assert "not bound: ssm_scan: ggml_ssm_scan of this ggml takes" in text
     assert "builders only in its header: ggml_legacy" in text
+    assert "GGML_API functions added: ggml_legacy" in text and "GGML_API functions removed: ggml_cumsum" in text
     assert "broken" not in text
+
+
+def test_the_drift_report_sees_every_ggml_api_function():
+    """Not only graph builders: a function without a context (ggml_rope_set_offset, new
+    after 0.20.2) and deprecated ones count; a declaration in a comment does not."""
+    spec = importlib.util.spec_from_file_location("gen_ops_api", ROOT / "pyggml" / "_gen_ops.py")
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules["gen_ops_api"] = gen          # dataclasses look their module up there
+    spec.loader.exec_module(gen)
+    src = gen.strip_c_comments(
+        "GGML_API struct ggml_tensor * ggml_add(struct ggml_context * ctx, struct ggml_tensor * a);\n"
+        "GGML_API void ggml_rope_set_offset(struct ggml_tensor * t, int64_t offset);\n"
+        "GGML_DEPRECATED(GGML_API void ggml_old_thing(int x), \"use ggml_new_thing\");\n"
+        "GGML_API const char * ggml_op_name(enum ggml_op op);\n"
+        "// GGML_API void ggml_commented_out(void);\n")
+    assert gen.header_api(src) == ["ggml_add", "ggml_old_thing", "ggml_op_name", "ggml_rope_set_offset"]
+    from pyggml import _optable
+    assert "ggml_add" in _optable.API and "ggml_init" in _optable.API and len(_optable.API) > 300
 
 
 def test_borrow_numpy_errors():
