@@ -379,6 +379,12 @@ def reused_results(results: Path, quick_parity: bool, build: dict) -> tuple[dict
                              f"{counts['errors']} errors (the reused run's {junit.name})"}, ""
 
 
+def empty_row(spec: str, log: Path) -> dict[str, Any]:
+    """A spec's row before anything ran: nothing built, nothing passed."""
+    return {"spec": spec, "ggml_version": None, "built": False, "tests_ok": False, "parity_ok": False,
+            "worst_nmse": None, "known_defects": [], "seconds": 0.0, "log": str(log)}
+
+
 def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False,
              reuse: Path | None = None, results: Path | None = None) -> dict:
     """Build (or, with ``reuse``, take the interpreter's installed pyggml for) one spec and
@@ -392,8 +398,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         shutil.rmtree(out)
     out.mkdir(parents=True)
     step = Step(out / "log.txt")
-    row: dict[str, Any] = {"spec": spec, "ggml_version": None, "built": False, "tests_ok": False, "parity_ok": False,
-           "worst_nmse": None, "known_defects": [], "seconds": 0.0, "log": str(out / "log.txt")}
+    row = empty_row(spec, out / "log.txt")
     t0 = time.perf_counter()
     venv = out / "venv"
     py = venv / "bin" / "python"
@@ -998,9 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
             row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
                            args.reuse_results.absolute() if reused and args.reuse_results else None)
         except Exception as e:         # the spec fails; the report and the later specs still come
-            row = dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
-                       known_defects=[], seconds=0.0, log=str(args.workdir / spec_dirname(spec) / "log.txt"),
-                       error=f"{type(e).__name__}: {e}")
+            row = {**empty_row(spec, args.workdir / spec_dirname(spec) / "log.txt"),
+                   "error": f"{type(e).__name__}: {e}"}
             print(f"ci_upstream: {spec}: {row['error']}", flush=True)
         ok = _ok(row)
         print(f"ci_upstream: {spec}: ggml {row['ggml_version']}, {'ok' if ok else 'FAILED'} "

@@ -173,8 +173,7 @@ def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
 
     def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
         ran.append(spec)
-        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
-                    known_defects=[], seconds=0.0, log=str(workdir / ci.spec_dirname(spec) / "log.txt"))
+        return ci.empty_row(spec, workdir / ci.spec_dirname(spec) / "log.txt")
     monkeypatch.setattr(ci, "run_spec", fake_run_spec)
     argv = []
     for s in ("vendored", "src:x", f"src:{trees / 'x'}/", "vendored+blas", "vendored", f"src:{trees / 'x-y'}",
@@ -249,8 +248,7 @@ def test_a_spec_that_raises_is_a_failed_row_and_the_rest_still_run(tmp_path, mon
         ran.append(spec)
         if spec == "vendored":
             raise RuntimeError("the build exploded")
-        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
-                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+        return ci.empty_row(spec, workdir / "log.txt")
     monkeypatch.setattr(ci, "run_spec", fake_run_spec)
     out = tmp_path / "m.json"
     assert ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--workdir", str(tmp_path / "w"),
@@ -345,8 +343,7 @@ def test_main_checks_its_reuse_arguments(tmp_path, monkeypatch):
 
     def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
         seen[spec] = reuse
-        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
-                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+        return ci.empty_row(spec, workdir / "log.txt")
     monkeypatch.setattr(ci, "run_spec", fake_run_spec)
     w = ["--workdir", str(tmp_path / "w")]
     for bad in (["--reuse", "vendored"], ["--reuse", "vendored="], ["--reuse", "vendored+blas=/usr/bin/python3"]):
@@ -450,8 +447,7 @@ def test_main_passes_results_only_to_the_reused_spec(tmp_path, monkeypatch):
 
     def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
         seen[spec] = results
-        return dict(spec=spec, ggml_version=None, built=False, tests_ok=False, parity_ok=False, worst_nmse=None,
-                    known_defects=[], seconds=0.0, log=str(workdir / "log.txt"))
+        return ci.empty_row(spec, workdir / "log.txt")
     monkeypatch.setattr(ci, "run_spec", fake_run_spec)
     w = ["--workdir", str(tmp_path / "w")]
     with pytest.raises(SystemExit):                 # results without the interpreter that made them
