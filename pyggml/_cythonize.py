@@ -32,8 +32,17 @@ def _deps_of(depfile: str) -> list[str]:
     return [os.path.abspath(d.replace("\\ ", " ")) for d in deps if d]
 
 
-def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str | None) -> int:
-    """Transpile each (module, pyx, out.c); the number of modules that failed."""
+def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str | None,
+              under: list[str] = ()) -> int:
+    """Transpile each (module, pyx, out.c); the number of modules that failed.
+
+    The depfile lists only dependencies below one of the folders ``under`` (all, if none):
+    Cython's and numpy's own .pxd files lie in pip's build environment, a new temporary
+    folder for each ``pip install``, and a dependency that no longer exists would make
+    Ninja transpile again every time. (The build stamps Cython's and numpy's versions
+    instead.)
+    """
+    roots = tuple(os.path.join(os.path.abspath(u), "") for u in under)
     from Cython.Compiler.Main import CompilationOptions, compile_single, default_options
 
     base = CompilationOptions(default_options, include_path=include, depfile=bool(depfile))
@@ -50,7 +59,8 @@ def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str
                     os.remove(path)
             continue
         if depfile:
-            deps.update(dict.fromkeys(_deps_of(tmp + ".dep")))
+            deps.update(dict.fromkeys(d for d in _deps_of(tmp + ".dep")
+                                      if not roots or d.startswith(roots)))
             os.remove(tmp + ".dep")
         deps[os.path.abspath(pyx)] = None
         _replace_if_changed(tmp, out)
@@ -78,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-I", dest="include", action="append", default=[], help="a .pxd search folder")
     ap.add_argument("--depfile", help="write the batch's dependencies here (for its first output)")
+    ap.add_argument("--deps-under", dest="under", action="append", default=[],
+                    help="list in the depfile only the dependencies below this folder")
     ap.add_argument("jobs", nargs="+", metavar="MODULE=PYX=OUT", help="dotted module name, .pyx, .c")
     args = ap.parse_args(argv)
     jobs = []
@@ -86,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(parts) != 3:
             ap.error(f"{job!r}: expected MODULE=PYX=OUT")
         jobs.append((parts[0], parts[1], parts[2]))
-    failed = transpile(jobs, args.include, args.depfile)
+    failed = transpile(jobs, args.include, args.depfile, args.under)
     if failed:
         print(f"_cythonize: {failed} of {len(jobs)} modules failed", file=sys.stderr)
     return 1 if failed else 0

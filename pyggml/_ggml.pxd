@@ -6,6 +6,12 @@
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
+# C's bool, for function-pointer types whose C signature has one (a bint there is an int:
+# a callback declared with it would not have the type the caller calls it through)
+cdef extern from "<stdbool.h>":
+    ctypedef bint c_bool "bool"
+
+
 cdef extern from "_compat.h" nogil:
     # _compat.h includes ggml.h and ggml-cpu.h and fills in what an older or newer
     # ggml lacks (PYGGML_HAVE_* from CMake's feature checks)
@@ -176,7 +182,7 @@ cdef extern from "_compat.h" nogil:   # ggml-cpu.h
     ggml_threadpool * ggml_threadpool_new(ggml_threadpool_params * params)
     void ggml_threadpool_free(ggml_threadpool * threadpool)
 
-    ctypedef bint (*ggml_abort_callback)(void * data)
+    ctypedef c_bool (*ggml_abort_callback)(void * data)
 
     struct ggml_cplan:
         size_t work_size

@@ -4,7 +4,7 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-from pyggml._ggml cimport ggml_context, ggml_tensor, ggml_type
+from pyggml._ggml cimport c_bool, ggml_context, ggml_tensor, ggml_type
 from pyggml._ggml_backend cimport ggml_backend_sched_t, ggml_backend_t
 from pyggml._rt cimport pyggml_status
 
@@ -82,7 +82,7 @@ cdef extern from "ggml-opt.h" nogil:
     void ggml_opt_result_pred(ggml_opt_result_t result, int32_t * pred)
     void ggml_opt_result_accuracy(ggml_opt_result_t result, double * accuracy, double * unc)
 
-    ctypedef void (*ggml_opt_epoch_callback)(bint train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset,
+    ctypedef void (*ggml_opt_epoch_callback)(c_bool train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset,
                                              ggml_opt_result_t result, int64_t ibatch, int64_t ibatch_max,
                                              int64_t t_start_us)
     void ggml_opt_epoch(ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result_train,

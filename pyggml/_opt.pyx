@@ -145,7 +145,7 @@ cdef bint _epoch_cancelled = False       # the caller stopped waiting (Ctrl-C): 
 cdef long _callback_thread = 0           # the thread running the callback, while it runs
 
 
-cdef void _on_batch(bint train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result,
+cdef void _on_batch(c_bool train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result,
                     int64_t ibatch, int64_t ibatch_max, int64_t t_start_us) noexcept nogil:
     with gil:
         _call_back(train, result, ibatch, ibatch_max)
