@@ -123,21 +123,51 @@ cdef ggml_cplan _plan(Graph graph, int n_threads, ggml_threadpool * tp) except *
     return plan
 
 
+cdef struct _ProofTask:
+    ggml_cgraph * graph
+    size_t min_work
+    double timeout_s
+    pyggml_status status
+
+
+cdef void _proof_task(void * p, const int * abort) noexcept nogil:
+    cdef _ProofTask * t = <_ProofTask *>p
+    pyggml_prove_graph(t.graph, t.min_work, t.timeout_s, abort, &t.status)
+
+
+@cython.final
+cdef class _Proof:
+    """A proof's arguments and outcome, alive until its worker is done with them."""
+    cdef _ProofTask t
+
+
 cdef int _prove(Graph graph, double timeout_s=PYGGML_PROOF_TIMEOUT_S) except -1:
     """Compute once in a forked child, on one thread, with every tensor in guarded
     memory, before computing for real.
 
-    For graphs holding an op pyggml has no kernel rule for yet: kernel assertions and
-    out-of-bounds accesses depend on shapes and strides, not on values, so one clean
-    run in a child proves the graph. An abort there becomes GGMLAbort here; a kernel
-    reading or writing past a tensor (a guard page, or damaged canary bytes) becomes
-    UpstreamDefect ("kernel-out-of-bounds"). Retried on EINTR, the child reaped.
+    For graphs holding an op pyggml has no kernel rule for yet (or whose kernel is not the
+    one its rule was written against): kernel assertions and out-of-bounds accesses depend
+    on shapes and strides, not on values, so one clean run in a child proves the graph. An
+    abort there becomes GGMLAbort here; a kernel reading or writing past a tensor (a guard
+    page, or damaged canary bytes) becomes UpstreamDefect ("kernel-out-of-bounds"); a
+    child past timeout_s is killed (KernelTimeout).
+
+    The child is forked and waited for by a worker thread (run_interruptibly), so that
+    Ctrl-C reaches the caller within one wait slice: the worker then kills the child and
+    reaps it (within 20 ms: csrc/dry_run.c) on its own.
     """
-    cdef pyggml_status st
-    cdef size_t min_work = _fab_work_size(graph, 1)
-    with nogil:
-        pyggml_prove_graph(graph.ptr, min_work, timeout_s, &st)
-    raise_status(&st, "compute")
+    cdef _Proof proof = _Proof.__new__(_Proof)
+    proof.t.graph = graph.ptr
+    proof.t.min_work = _fab_work_size(graph, 1)
+    proof.t.timeout_s = timeout_s
+    pyggml_status_clear(&proof.t.status)
+    cdef pyggml_async spec
+    memset(&spec, 0, sizeof(spec))
+    spec.task = _proof_task
+    spec.task_arg = &proof.t
+    # the graph is only read by the child (a copy of this process): keep it alive all the same
+    run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (proof, graph), None, NULL)
+    raise_status(&proof.t.status, "compute")
     graph._unproven = False
     return 0
 

@@ -96,7 +96,7 @@ cdef extern from "pyggml_rt.h" nogil:
         ggml_opt_params params
         ggml_opt_dataset_t dataset
         ggml_backend_t cpu
-    int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st)
+    int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, const int * abort, pyggml_status * st)
 
     # no C++ exception crosses into Python (csrc/nothrow.cpp)
     ggml_opt_dataset_t pyggml_opt_dataset_init_nothrow(ggml_type type_data, ggml_type type_label,

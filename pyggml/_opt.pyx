@@ -203,6 +203,23 @@ cdef void _end_epoch(tuple backends) noexcept:
     _epoch_lock.release()
 
 
+cdef struct _ProbeTask:
+    pyggml_opt_probe probe
+    pyggml_status status
+
+
+cdef void _probe_task(void * p, const int * abort) noexcept nogil:
+    cdef _ProbeTask * t = <_ProbeTask *>p
+    pyggml_opt_dry_run(&t.probe, PYGGML_PROOF_TIMEOUT_S, abort, &t.status)
+
+
+@cython.final
+cdef class _Probe:
+    """The optimizer's forked dry run: its arguments and outcome, alive until its worker
+    is done with them."""
+    cdef _ProbeTask t
+
+
 @cython.final
 cdef class Optimizer:
     """Optimizer(scheduler, ctx_compute, inputs, outputs, loss="cross_entropy", optimizer="adamw", opt_period=1)
@@ -281,14 +298,18 @@ cdef class Optimizer:
         probe_set.data[...] = 0
         if probe_set.labels is not None:
             probe_set.labels[...] = 1.0 / probe_set.ne_label
-        cdef pyggml_opt_probe probe
-        probe.params = params
-        probe.dataset = (<Dataset>probe_set).ptr
-        probe.cpu = self.scheduler.cpu.ptr
-        cdef pyggml_status st
-        with nogil:
-            pyggml_opt_dry_run(&probe, PYGGML_PROOF_TIMEOUT_S, &st)
-        return raise_status(&st, "Optimizer (ggml-opt)")
+        cdef _Probe probe = _Probe.__new__(_Probe)
+        probe.t.probe.params = params
+        probe.t.probe.dataset = (<Dataset>probe_set).ptr
+        probe.t.probe.cpu = self.scheduler.cpu.ptr
+        pyggml_status_clear(&probe.t.status)
+        cdef pyggml_async spec
+        memset(&spec, 0, sizeof(spec))
+        spec.task = _probe_task
+        spec.task_arg = &probe.t
+        # on a worker, so that Ctrl-C ends the wait (and the child) at once (_cpu._prove)
+        run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (probe, probe_set, self), None, NULL)
+        return raise_status(&probe.t.status, "Optimizer (ggml-opt)")
 
     def __dealloc__(self):
         if self.ptr != NULL:

@@ -42,17 +42,9 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_status_from_cxx(pyggml_status * st, int exception)
     int pyggml_status_from_guard(pyggml_status * st, const pyggml_guard * g)
 
-    enum:
-        PYGGML_DRY_OK
-        PYGGML_DRY_SIGNAL
-        PYGGML_DRY_EXIT
-        PYGGML_DRY_TIMEOUT
     const double PYGGML_PROOF_TIMEOUT_S
 
     void pyggml_guard_install()
-    int pyggml_run_on_stack(void (*fn)(void *) noexcept nogil, void * arg, size_t stack_bytes)
-    int pyggml_dry_run(void (*fn)(void *) noexcept nogil, void * arg, double timeout_s,
-                       char * msg, size_t cap, int * how)
 
     void pyggml_checks_init()
     int pyggml_check_node(const ggml_tensor * node, pyggml_status * st)
@@ -85,12 +77,8 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_graph_plan(pyggml_guard * g, const ggml_cgraph * graph, int n_threads,
                               ggml_threadpool * threadpool, ggml_cplan * plan)
 
-    enum:
-        PYGGML_EXIT_GUARD
-        PYGGML_EXIT_OVERRUN
-        PYGGML_EXIT_NO_MEMORY
-    int pyggml_guarded_compute(ggml_cgraph * graph, size_t min_work, char * msg, size_t cap)
-    int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, pyggml_status * st)
+    int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, const int * abort,
+                           pyggml_status * st)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
 

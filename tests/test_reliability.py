@@ -237,6 +237,45 @@ def test_ctrl_c_interrupts_a_long_compute_promptly():
     assert float(parts[0]) < 0.1, out
 
 
+def test_ctrl_c_stops_a_long_proof_promptly_and_leaves_no_child():
+    """A graph with unchecked nodes is proven first, in a forked child: Ctrl-C during the
+    proof reaches the caller at once, and the child is killed and reaped, not left running."""
+    out = run_isolated("""
+        import glob, os, signal, threading, time, numpy as np, pyggml
+        from pyggml import _core
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        def children():
+            return [c for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for c in open(f).read().split()]
+        _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, True)     # MUL_MAT nodes are proven first
+        n = 1024           # 16 nodes of 2 GFLOP on the proof's one thread: seconds
+        with pyggml.Context(256 << 20) as ctx:
+            a = ctx.from_numpy(np.full((n, n), 1e-3, np.float32))
+            r = a
+            for _ in range(16):
+                r = pyggml.mul_mat(ctx, a, r)
+            g = pyggml.Graph(ctx)
+            g.build_forward_expand(r)
+            sent = []
+            def interrupt():
+                sent.append((time.perf_counter(), len(children())))
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Timer(0.3, interrupt).start()
+            try:
+                g.compute(1)
+                print("not-interrupted")
+            except KeyboardInterrupt:
+                print(f"{time.perf_counter() - sent[0][0]:.4f}")
+            deadline = time.time() + 2
+            while children() and time.time() < deadline:
+                time.sleep(0.01)
+            print(g.unchecked_ops, sent[0][1], len(children()))
+    """, timeout=300)
+    latency, unchecked, during, after = out.split()
+    assert unchecked == "16" and during == "1", out      # the proof's child ran when Ctrl-C came
+    assert float(latency) < 0.1, out
+    assert after == "0", out                              # killed and reaped
+
+
 def test_array_likes_and_huge_strides_raise_as_documented(ctx):
     t = ctx.from_numpy([1.0, 2.0])                      # a list: float64
     assert t.type == Type.F64 and t.numpy().tolist() == [1.0, 2.0]

@@ -145,8 +145,8 @@ static void opt_probe(void * arg) {
     ggml_opt_eval(opt, result);
 }
 
-int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st) {
+int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, const int * abort, pyggml_status * st) {
     int how = 0;
-    const int rc = pyggml_dry_run(opt_probe, probe, timeout_s, st->msg, sizeof st->msg, &how);
+    const int rc = pyggml_dry_run(opt_probe, probe, timeout_s, abort, st->msg, sizeof st->msg, &how);
     return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }

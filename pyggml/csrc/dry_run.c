@@ -57,10 +57,11 @@ static pid_t wait_child(pid_t pid, int * status) {
     return r;
 }
 
-int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, char * msg, size_t cap, int * how) {
+int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, const int * abort, char * msg, size_t cap,
+                   int * how) {
     int fds[2];
     size_t used = 0;
-    int status = 0, timed_out = 0;
+    int status = 0, timed_out = 0, aborted = 0;
     if (cap > 0) {
         msg[0] = '\0';
     }
@@ -104,7 +105,16 @@ int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, char * msg,
             kill(pid, SIGKILL);
             break;
         }
-        int r = poll(&p, 1, (int) (left * 1000) + 1);
+        if (abort != NULL && __atomic_load_n(abort, __ATOMIC_RELAXED)) {
+            aborted = 1;                 /* the caller gave up (Ctrl-C): the child goes too */
+            kill(pid, SIGKILL);
+            break;
+        }
+        int slice = (int) (left * 1000) + 1;
+        if (abort != NULL && slice > PYGGML_DRY_SLICE_MS) {
+            slice = PYGGML_DRY_SLICE_MS;
+        }
+        int r = poll(&p, 1, slice);
         if (r < 0) {
             if (errno == EINTR) {
                 continue;
@@ -136,6 +146,9 @@ int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, char * msg,
     }
     if (timed_out) {
         return PYGGML_DRY_TIMEOUT;
+    }
+    if (aborted) {
+        return PYGGML_DRY_ABORTED;
     }
     if (WIFEXITED(status)) {
         *how = WEXITSTATUS(status);

@@ -248,9 +248,10 @@ static void prove_child(void * p) {
     }
 }
 
-int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s, pyggml_status * st) {
+int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s, const int * abort,
+                       pyggml_status * st) {
     struct prove_args a = {graph, min_work};
     int how = 0;
-    const int rc = pyggml_dry_run(prove_child, &a, timeout_s, st->msg, sizeof st->msg, &how);
+    const int rc = pyggml_dry_run(prove_child, &a, timeout_s, abort, st->msg, sizeof st->msg, &how);
     return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }

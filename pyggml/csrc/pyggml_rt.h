@@ -186,12 +186,15 @@ PYGGML_RT_API int pyggml_openmp_loaded(void);        /* 1: the caller cleans up 
  * Runs fn(arg) in a forked child, which reports ggml's abort message (and log) through
  * a pipe into msg. Returns PYGGML_DRY_OK when the child exited 0; _SIGNAL when it died
  * of signal *how (an abort is SIGABRT); _EXIT when it exited with code *how; _TIMEOUT
- * when it ran longer than timeout_s (it is killed); -1 on a system error (errno set).
+ * when it ran longer than timeout_s (it is killed); _ABORTED when *abort (if abort is not
+ * NULL) became non-zero while it ran (it is killed: *abort is read every
+ * PYGGML_DRY_SLICE_MS); -1 on a system error (errno set).
  * Safe against EINTR; the child is always reaped. Call with the GIL released. */
-enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY_TIMEOUT = 3 };
+enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY_TIMEOUT = 3, PYGGML_DRY_ABORTED = 4 };
+#define PYGGML_DRY_SLICE_MS 20
 /* how long pyggml lets a forked proof run (a graph's, the optimizer's) before it kills it */
 #define PYGGML_PROOF_TIMEOUT_S 600.0
-PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s,
+PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, const int * abort,
                                  char * msg, size_t cap, int * how);
 /* a dry run's result (rc, how) into st, whose msg holds the child's message: a child of
  * the guarded compute that exited PYGGML_EXIT_GUARD or _OVERRUN is PYGGML_DEFECT
@@ -212,8 +215,10 @@ PYGGML_RT_API int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_
  * end without reaching one (damaged canary bytes); msg says which tensor. */
 enum { PYGGML_EXIT_GUARD = 95, PYGGML_EXIT_NO_MEMORY = 96, PYGGML_EXIT_OVERRUN = 97 };
 /* Returns st->code: PYGGML_OK, _DEFECT (kernel-out-of-bounds), _PROOF_*, or _SYSTEM. */
+/* abort: as pyggml_dry_run's (NULL: none); a proof run as a pyggml_async task passes the
+ * task's, so that a caller's Ctrl-C ends the child within PYGGML_DRY_SLICE_MS. */
 PYGGML_RT_API int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
-                                     pyggml_status * st);
+                                     const int * abort, pyggml_status * st);
 
 /* --- kernel preconditions ----------------------------------------------------------------- */
 
@@ -342,8 +347,9 @@ typedef struct pyggml_opt_probe {
     ggml_opt_dataset_t dataset;
     ggml_backend_t cpu;            /* the scheduler's CPU backend: one thread in the child */
 } pyggml_opt_probe;
-/* the outcome as pyggml_prove_graph's */
-PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, pyggml_status * st);
+/* the outcome and abort as pyggml_prove_graph's */
+PYGGML_RT_API int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, const int * abort,
+                                     pyggml_status * st);
 
 /* --- no C++ exception crosses into Python (nothrow.cpp) ------------------------------------
  * Each wrapper calls ggml's C++ code in a try block: an exception becomes the error value

@@ -77,6 +77,9 @@ int pyggml_status_from_dry_run(pyggml_status * st, int rc, int how, double timeo
     case PYGGML_DRY_TIMEOUT:
         st->how = (int) timeout_s;
         return st->code = PYGGML_PROOF_TIMEOUT;
+    case PYGGML_DRY_ABORTED:                /* as a compute stopped by its abort callback */
+        return pyggml_status_set(st, PYGGML_COMPUTE_FAILED, GGML_STATUS_ABORTED, NULL, NULL,
+                                 "the proof was stopped: its caller gave up waiting");
     default:                                /* how: errno */
         return pyggml_status_set(st, PYGGML_SYSTEM, how, NULL, NULL, "fork or pipe failed: %s", strerror(how));
     }
