@@ -307,3 +307,27 @@ def test_the_guarded_proof_sees_a_kernel_write_outside_its_tensor(ne0, n_dims, w
         with pytest.raises(pyggml.UpstreamDefect, match=where) as e:
             g.compute(1)
         assert e.value.defect == "kernel-out-of-bounds"
+
+
+def test_past_its_guard_page_budget_the_proof_still_sees_writes_outside_a_tensor(monkeypatch):
+    """Each guard-paged tensor costs three of the process's memory mappings (65,530 by
+    default): past a budget the proof gives tensors canary bytes only. A write outside
+    such a tensor is still caught (after the compute); a read past it is not."""
+    monkeypatch.setenv("PYGGML_PROOF_FENCED", "1")      # the work buffer's only
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        r = _rope(ctx, 8, -2)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(r)
+        with pytest.raises(pyggml.UpstreamDefect, match=r'wrote 8 bytes before the start of node "node_1"'):
+            g.compute(1)
+        r = _rope(ctx, 5, 4)          # reads past its source, then writes past its result
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(r)
+        with pytest.raises(pyggml.UpstreamDefect, match=r'wrote 4 bytes past the end of node "node_1"'):
+            pyggml._cpu.prove(g)      # the read is not seen: the write after it is
+    monkeypatch.delenv("PYGGML_PROOF_FENCED")
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(_rope(ctx, 5, 4))
+        with pytest.raises(pyggml.UpstreamDefect, match=r'read memory past the end of leaf "leaf_0"'):
+            pyggml._cpu.prove(g)      # with guard pages: the read, at once

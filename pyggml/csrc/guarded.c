@@ -5,8 +5,9 @@
  * end to the back guard are filled with a canary byte of that region's own (so a
  * kernel that copies one tensor's canary into another is seen too). Meant for a forked
  * child (pyggml_dry_run): a kernel that reads or writes past a tensor faults on a guard
- * page, or damages a canary, and the child says which tensor before it dies.
- * See pyggml_rt.h. */
+ * page, or damages a canary, and the child says which tensor before it dies. Past a
+ * budget of memory mappings (fenced_left: a graph of tens of thousands of tensors) the
+ * remaining tensors get canary bytes only. See pyggml_rt.h. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include "pyggml_rt.h"
@@ -26,19 +27,67 @@
 #define ALIGN_DATA 4      /* tensors: floats stay aligned, the slack is at most 3 bytes */
 #define ALIGN_WORK 16     /* the work buffer: GGML_MEM_ALIGN, as ggml hands it out */
 
+/* Canary bytes on each side of a region without guard pages (see fenced_left) */
+#define UNFENCED_PAD 64
+
 typedef struct region {
-    char * map;           /* the mapping: [guard][... data + canary][guard] */
-    size_t map_len;
+    char * map;           /* fenced: the mapping [guard][... data + canary][guard]; else malloc'd */
+    size_t map_len;       /* fenced: the mapping's length; 0: a region without guard pages */
+    char * front;         /* the first canary byte before data */
     char * data;
     size_t nbytes;
-    size_t slack;         /* canary bytes between data + nbytes and the back guard */
-    unsigned char canary; /* this region's: also fills the bytes from the front guard to data */
+    size_t slack;         /* canary bytes from data + nbytes to the back guard (or the end) */
+    unsigned char canary; /* this region's: fills the bytes from front to data and the slack */
     char what[200];       /* "node 3 (MUL_MAT) f32 ne=(...)", preformatted for the handler */
 } region;
 
 static region * regions;
 static int n_regions;
 static size_t page;
+/* Regions that may still get guard pages. Each costs the process three memory mappings,
+ * and Linux allows vm.max_map_count of them (65,530 by default): a graph of 140,000
+ * tensors would run out. Past this budget a region is malloc'd with canary bytes on both
+ * sides and no guard pages: a kernel writing past it is still seen (after the compute);
+ * one reading past it is not. The work buffer always gets its guard pages. */
+static long fenced_left;
+
+static long count_lines(const char * path) {
+    FILE * f = fopen(path, "r");
+    long n = 0;
+    int c;
+    if (f == NULL) {
+        return -1;
+    }
+    while ((c = fgetc(f)) != EOF) {
+        n += c == '\n';
+    }
+    fclose(f);
+    return n;
+}
+
+static void init_fenced_budget(void) {
+    long max_maps = 65530, in_use = 0;
+    FILE * f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%ld", &max_maps) != 1) {
+            max_maps = 65530;
+        }
+        fclose(f);
+    }
+    in_use = count_lines("/proc/self/maps");
+    if (in_use < 0) {
+        in_use = 0;
+    }
+    /* a margin for what the compute itself maps (ggml's threads, malloc arenas) */
+    fenced_left = (max_maps - in_use - 4096) / 3;
+    const char * cap = getenv("PYGGML_PROOF_FENCED");     /* testing: a smaller budget */
+    if (cap != NULL && atol(cap) > 0 && atol(cap) < fenced_left) {
+        fenced_left = atol(cap);
+    }
+    if (fenced_left < 1) {
+        fenced_left = 1;
+    }
+}
 
 static void say(const char * s) {
     size_t n = strlen(s);
@@ -75,6 +124,9 @@ static void on_guard_fault(int sig, siginfo_t * info, void * context) {
 #endif
     for (int i = 0; i < n_regions; i++) {
         region * r = &regions[i];
+        if (r->map_len == 0) {
+            continue;            /* no guard pages */
+        }
         if (addr >= r->map && addr < r->map + page) {
             say("pyggml guarded compute: a kernel ");
             say(access);
@@ -107,25 +159,40 @@ static unsigned char canary_of(int i) {
 
 static int add_region(struct ggml_tensor * t, size_t nbytes, size_t align, const char * what) {
     size_t padded = (nbytes + align - 1) / align * align;
-    size_t body = (padded + page - 1) / page * page;
-    if (body == 0) {
-        body = page;
-    }
-    size_t len = body + 2 * page;
-    char * map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) {
-        return -1;
-    }
-    mprotect(map, page, PROT_NONE);
-    mprotect(map + len - page, page, PROT_NONE);
     region * r = &regions[n_regions];
+    if (t == NULL || fenced_left > 1) {       /* the last one is the work buffer's */
+        size_t body = (padded + page - 1) / page * page;
+        if (body == 0) {
+            body = page;
+        }
+        size_t len = body + 2 * page;
+        char * map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) {
+            return -1;
+        }
+        mprotect(map, page, PROT_NONE);
+        mprotect(map + len - page, page, PROT_NONE);
+        fenced_left--;
+        r->map = map;
+        r->map_len = len;
+        r->front = map + page;
+        r->data = map + len - page - padded;
+    } else {
+        size_t len = UNFENCED_PAD + padded + UNFENCED_PAD;
+        char * map = malloc(len);
+        if (map == NULL) {
+            return -1;
+        }
+        r->map = map;
+        r->map_len = 0;
+        r->front = map;
+        r->data = map + UNFENCED_PAD;     /* malloc's alignment (16) + 64: aligned as ggml's */
+        padded += UNFENCED_PAD;           /* the slack runs to the end */
+    }
     r->canary = canary_of(n_regions++);
-    r->map = map;
-    r->map_len = len;
     r->nbytes = nbytes;
-    r->data = map + len - page - padded;
     r->slack = padded - nbytes;
-    memset(map + page, r->canary, (size_t) (r->data - (map + page)));
+    memset(r->front, r->canary, (size_t) (r->data - r->front));
     memset(r->data + nbytes, r->canary, r->slack);
     snprintf(r->what, sizeof r->what, "%s", what);
     if (t != NULL) {
@@ -144,6 +211,7 @@ static void describe(const struct ggml_tensor * t, const char * role, char * out
 
 int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * msg, size_t cap) {
     page = (size_t) sysconf(_SC_PAGESIZE);
+    init_fenced_budget();
     msg[0] = '\0';
     /* every tensor the graph reaches: nodes, their sources, the bases of views */
     pg_ptrset seen = {0};
@@ -219,7 +287,7 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
                      damaged, r->what);
             return 1;
         }
-        const unsigned char * front = (const unsigned char *) r->map + page;
+        const unsigned char * front = (const unsigned char *) r->front;
         const size_t n_front = (size_t) ((const unsigned char *) r->data - front);
         for (size_t k = 0; k < n_front; k++) {
             if (front[k] != r->canary) {

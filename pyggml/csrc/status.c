@@ -7,6 +7,8 @@
 #include "pyggml_defects.h"
 #include "pyggml_rt.h"
 
+#include <errno.h>
+
 int pyggml_status_clear(pyggml_status * st) {
     st->code = PYGGML_OK;
     st->how = 0;
@@ -72,6 +74,10 @@ int pyggml_status_from_dry_run(pyggml_status * st, int rc, int how, double timeo
         if (how == PYGGML_EXIT_GUARD || how == PYGGML_EXIT_OVERRUN) {
             st->defect = PG_DEFECT_KERNEL_OUT_OF_BOUNDS;
             return st->code = PYGGML_DEFECT;
+        }
+        if (how == PYGGML_EXIT_NO_MEMORY) {  /* the proof could not run; msg: what it could not map */
+            st->how = ENOMEM;
+            return st->code = PYGGML_SYSTEM;
         }
         return st->code = PYGGML_PROOF_EXIT;
     case PYGGML_DRY_TIMEOUT:
