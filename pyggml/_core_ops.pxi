@@ -184,7 +184,8 @@ def kernel_trust():
     the ops (GGML_OP names) whose kernel is not the one their rule was written against.
     Their nodes are proven in a forked child, with a timeout, before they compute: a rule
     cannot vouch for a kernel it has not seen. Where the kernels are unknown (a prebuilt
-    ggml), the rules are trusted unverified and nothing is listed."""
+    ggml), no kernel is trusted: every op is listed, and every graph is proven before
+    its first compute (the rules still refuse what they refuse)."""
     return {"known": bool(pyggml_kernels_known()),
             "untrusted": [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)
                           if pyggml_kernel_untrusted(i)]}

@@ -584,7 +584,7 @@ def op_changes(rows: list[dict]) -> str:
         k = r.get("kernels")
         if k is not None and not k["known"]:
             out.append(f"  {r['spec']}: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); "
-                       f"its rules are trusted unverified")
+                       f"no kernel trusted: every graph proven in a forked child")
         elif k is not None and k["untrusted"]:
             out.append(f"  {r['spec']}: kernels not trusted to their rules (graphs proven in a forked child): "
                        f"{', '.join(k['untrusted'])}")

@@ -117,8 +117,9 @@ def test_this_build_reports_its_kernel_trust():
     trust = _core.kernel_trust()
     assert pyggml.build_info()["kernels"] == trust
     src = pyggml.build_info()["ggml_source"]
-    if src.startswith("system:"):       # no kernel source: unknown, the rules trusted unverified
-        assert trust == {"known": False, "untrusted": []}
+    if src.startswith("system:"):       # no kernel source: unknown, so no kernel trusted
+        assert trust["known"] is False
+        assert len(trust["untrusted"]) == len(pyggml.Op) and "MUL_MAT" in trust["untrusted"]
     elif src.startswith("pypi:libggml-python==0.20.2"):
         assert trust == {"known": True, "untrusted": []}
 
@@ -153,7 +154,7 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     from pyggml.parity import store
     assert store.build_identity()["untrusted_kernels"] == (
         _core.kernel_trust()["untrusted"] if _core.kernel_trust()["known"]
-        else "unknown: a prebuilt ggml, its rules trusted unverified")
+        else "unknown: a prebuilt ggml, no kernel trusted (every graph proven)")
     spec = importlib.util.spec_from_file_location("ci_upstream_k", ROOT / "scripts" / "ci_upstream.py")
     ci = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ci)
@@ -168,7 +169,7 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     text = ci.op_changes(rows)
     assert "sdist:x==1: kernels not trusted to their rules (graphs proven in a forked child): ROPE, UNARY" in text
     assert "pypi:libggml-python==0.17.0: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); " \
-           "its rules are trusted unverified" in text
+           "no kernel trusted: every graph proven in a forked child" in text
     assert "vendored: kernels" not in text
 
 

@@ -123,10 +123,10 @@ static pg_rule * slot_of(const char * name) {
 /* Ops whose CPU kernel in the built tree is not the one their rule was written against
  * (pyggml/_kernels.py, generated pyggml_kernels.h): a node their rule lets through is
  * UNCHECKED, not OK, so its graph runs through the fenced, forked proof before it computes
- * here. A build without kernel source to fingerprint (a prebuilt ggml) trusts the rules
- * as before and says so (pyggml_kernels_known() is 0): proving every graph there is the
- * safe default still to come, once the proof runs on the big-stack worker and answers
- * Ctrl-C at once (it does neither yet). */
+ * here. A build without kernel source to fingerprint (a prebuilt ggml: pyggml_kernels_known()
+ * is 0) trusts no kernel: every op is untrusted, so every graph is proven before its
+ * first compute (its rules still refuse what they refuse). The proof answers Ctrl-C at
+ * once (it runs on a worker thread) and copes with any graph size (csrc/guarded.c). */
 static unsigned char untrusted[MAX_OPS];
 static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
 
@@ -138,7 +138,7 @@ static void init(void) {
         } else if (strcmp(name, "GLU") == 0) {
             op_glu = i;
         }
-        untrusted[i] = 0;
+        untrusted[i] = !PG_KERNELS_KNOWN;
         for (int k = 0; PG_KERNELS_KNOWN && changed_kernels[k] != NULL; k++) {
             if (strcmp(changed_kernels[k], name) == 0) {
                 untrusted[i] = 1;

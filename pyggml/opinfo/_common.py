@@ -71,3 +71,12 @@ def broadcast_pairs() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(a, b) shapes (numpy order) where b tiles to a, ggml's rule."""
     return [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (1, 3, 4)), ((2, 3, 4), (2, 1, 4)), ((2, 3, 4), (1, 1, 4)),
             ((2, 3, 4), (2, 3, 1)), ((3, 6), (3, 2)), ((5,), (1,)), ((2, 2, 3, 5), (1, 2, 1, 5))]
+
+
+def rope_ndims0_defect(op: str = "ROPE") -> str:
+    """The defect a rope sample with n_dims = 0 (not VISION) meets in this build:
+    "rope-ndims0-hang" where the op's kernel is not the one pyggml's rule was written against
+    (kernel_trust(): ggml 0.25.3's hangs there, and a prebuilt ggml's is unknown), whose
+    rule then refuses it; "" where the kernel is the pinned one (it copies the row)."""
+    from pyggml._core import kernel_trust
+    return "rope-ndims0-hang" if op in kernel_trust()["untrusted"] else ""

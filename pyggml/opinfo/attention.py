@@ -31,7 +31,7 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import normal
+from pyggml.opinfo._common import normal, rope_ndims0_defect
 
 F32 = np.float32
 NEG_INF = -np.inf
@@ -256,7 +256,7 @@ def _rope_samples(rng, t):
     for shape, n_dims, mode, layout in _rope_shapes():
         ne2 = _as4(np.zeros(shape)).shape[1]
         yield Sample((_rope_a(rng, t, shape, layout), _pos(rng, ne2), n_dims, mode),
-                     f"{shape} n_dims={n_dims} mode={mode} {layout}")
+                     f"{shape} n_dims={n_dims} mode={mode} {layout}", rope_ndims0_defect() if n_dims == 0 else "")
     yield Sample((Arg(normal(rng, (3, 4, 5)), t), _pos(rng, 3), 2, ROPE_NORMAL), "odd ne0 = 5",
                  defect="rope-odd-ne0")
 
@@ -272,7 +272,8 @@ def _rope_ext_samples(rng, t):
     for (shape, n_dims, mode, layout), yarn in zip(_rope_shapes()[:8], (_PLAIN, _YARN, _SCALED, _YARN_PART) * 2):
         ne2 = _as4(np.zeros(shape)).shape[1]
         yield Sample((_rope_a(rng, t, shape, layout), _pos(rng, ne2), None, n_dims, mode) + yarn,
-                     f"{shape} n_dims={n_dims} mode={mode} {layout} yarn={yarn}")
+                     f"{shape} n_dims={n_dims} mode={mode} {layout} yarn={yarn}",
+                     rope_ndims0_defect() if n_dims == 0 else "")
     for mode in (ROPE_NORMAL, ROPE_NEOX):
         for n_dims, yarn in ((8, _YARN), (4, _SCALED)):
             c = Arg(rng.uniform(0.5, 4.0, 4), Type.F32, param=False)     # ne0/2 factors

@@ -14,7 +14,7 @@ import numpy as np
 from pyggml import reference
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import broadcast_pairs, normal, shapes_unary, uniform
+from pyggml.opinfo._common import broadcast_pairs, normal, rope_ndims0_defect, shapes_unary, uniform
 
 ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
 POOL_MAX, POOL_AVG = 0, 1          # enum ggml_op_pool
@@ -233,7 +233,8 @@ def _rope_ext_back_samples(rng, t):
                   64, 500.0, 0.5, 0.5, 1.2, 16.0, 2.0), "YaRN partial")
     yield Sample((Arg(normal(rng, (1, 3, 2, 8)), t, "permuted", (0, 2, 1, 3)), _positions(rng, 3), None, 8,
                   ROPE_NORMAL) + plain, "dy permuted (heads and positions)")
-    yield Sample((Arg(normal(rng, (3, 2, 4)), t), _positions(rng, 3), None, 0, ROPE_NORMAL) + plain, "n_dims 0")
+    yield Sample((Arg(normal(rng, (3, 2, 4)), t), _positions(rng, 3), None, 0, ROPE_NORMAL) + plain, "n_dims 0",
+                 rope_ndims0_defect("ROPE_BACK"))
     yield Sample((Arg(normal(rng, (3, 2, 5)), t), _positions(rng, 3), None, 4, ROPE_NORMAL) + plain,
                  "odd ne0", defect="rope-odd-ne0")
     yield Sample((Arg(normal(rng, (2, 3, 8)), t), _positions(rng, 2), Arg(uniform(rng, (2,), 0.5, 4.0), Type.F32),

@@ -32,7 +32,7 @@ def build_identity() -> dict[str, Any]:
             "cpu_features": sorted(k for k, v in feats.items() if v), "backend": "CPU",
             # the ops whose CPU kernel pyggml's rules were not written against (proven in a child)
             "untrusted_kernels": (info["kernels"]["untrusted"] if info["kernels"]["known"]
-                                  else "unknown: a prebuilt ggml, its rules trusted unverified")}
+                                  else "unknown: a prebuilt ggml, no kernel trusted (every graph proven)")}
 
 
 def npz_path(path: str) -> str:
