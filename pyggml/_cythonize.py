@@ -9,11 +9,12 @@ process pays Cython's start-up (importing the compiler, loading its utility code
 Measured on a Zen 3 for pyggml's 13 generated op modules: 23.8 s of CPU time one process
 each, 6.9 s in one process, with byte-identical C.
 
-So that one batch does not make every module recompile, a module's C file is replaced only
-when its content changed (Ninja's ``restat``, which CMake sets on custom commands, then
-skips the compiles of the unchanged ones): an edited row of ops.txt retranspiles its batch
-but recompiles one module. The depfile names every ``.pxd``/``.pxi`` any module of the
-batch reads, for its first output.
+So that one batch does not do, or make, work for every module: a module is transpiled only
+when one of its inputs is newer than its record of them (``out.c.inputs``), and its C file
+is replaced only when its content changed (Ninja's ``restat``, which CMake sets on custom
+commands, then skips the compiles of the unchanged ones). An edited row of ops.txt
+transpiles and recompiles one module. The depfile names every ``.pyx``/``.pxd``/``.pxi``
+any module of the batch reads, for its first output.
 """
 
 from __future__ import annotations
@@ -33,42 +34,67 @@ def _deps_of(depfile: str) -> list[str]:
 
 
 def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str | None,
-              under: list[str] = ()) -> int:
+              under: list[str] = (), inputs: list[str] = ()) -> int:
     """Transpile each (module, pyx, out.c); the number of modules that failed.
 
     The depfile lists only dependencies below one of the folders ``under`` (all, if none):
     Cython's and numpy's own .pxd files lie in pip's build environment, a new temporary
     folder for each ``pip install``, and a dependency that no longer exists would make
-    Ninja transpile again every time. (The build stamps Cython's and numpy's versions
-    instead.)
+    Ninja transpile again every time. (The build stamps Cython's and numpy's versions in
+    one of ``inputs``, files every module depends on.)
+
+    Ninja runs the batch when any module's input changed; a module whose inputs are all
+    older than its record (``out.c.inputs``, written when it was last transpiled) is not
+    transpiled again: an edited row of ops.txt transpiles one module, not thirteen.
     """
     roots = tuple(os.path.join(os.path.abspath(u), "") for u in under)
-    from Cython.Compiler.Main import CompilationOptions, compile_single, default_options
-
-    base = CompilationOptions(default_options, include_path=include, depfile=bool(depfile))
+    extra = [os.path.abspath(i) for i in inputs]
+    base = None
     deps: dict[str, None] = {}
     failed = 0
     for module, pyx, out in jobs:
-        tmp = f"{out}.new.c"
-        result = compile_single(os.path.abspath(pyx), CompilationOptions(base, output_file=tmp),
-                                full_module_name=module)
-        if result.num_errors:
-            failed += 1
-            for path in (tmp, tmp + ".dep"):
-                if os.path.exists(path):
-                    os.remove(path)
-            continue
-        if depfile:
-            deps.update(dict.fromkeys(d for d in _deps_of(tmp + ".dep")
-                                      if not roots or d.startswith(roots)))
+        record = out + ".inputs"
+        mine = _up_to_date(out, record)
+        if mine is None:
+            if base is None:
+                from Cython.Compiler.Main import CompilationOptions, compile_single, default_options
+                base = CompilationOptions(default_options, include_path=include, depfile=True)
+            tmp = f"{out}.new.c"
+            result = compile_single(os.path.abspath(pyx), CompilationOptions(base, output_file=tmp),
+                                    full_module_name=module)
+            if result.num_errors:
+                failed += 1
+                for path in (tmp, tmp + ".dep", record):
+                    if os.path.exists(path):
+                        os.remove(path)
+                continue
+            mine = [d for d in _deps_of(tmp + ".dep") if not roots or d.startswith(roots)]
+            mine = list(dict.fromkeys([os.path.abspath(pyx), *mine, *extra]))
             os.remove(tmp + ".dep")
-        deps[os.path.abspath(pyx)] = None
-        _replace_if_changed(tmp, out)
+            _replace_if_changed(tmp, out)
+            with open(record, "w", encoding="utf-8") as f:
+                f.write("".join(f"{m}\n" for m in mine))
+        deps.update(dict.fromkeys(mine))
     if depfile and not failed:
         with open(depfile, "w", encoding="utf-8") as f:
             paths = " \\\n  ".join(p.replace(" ", "\\ ") for p in deps)
             f.write(f"{os.path.abspath(jobs[0][2])}: \\\n  {paths}\n")
     return failed
+
+
+def _up_to_date(out: str, record: str) -> list[str] | None:
+    """The inputs ``record`` lists, when ``out`` and ``record`` exist and every input is
+    there and older than the record; else None (transpile)."""
+    try:
+        stamp = os.stat(record).st_mtime_ns
+        os.stat(out)
+        with open(record, encoding="utf-8") as f:
+            mine = f.read().splitlines()
+        if all(os.stat(m).st_mtime_ns <= stamp for m in mine):
+            return mine
+    except OSError:
+        pass
+    return None
 
 
 def _replace_if_changed(new: str, out: str) -> None:
@@ -90,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depfile", help="write the batch's dependencies here (for its first output)")
     ap.add_argument("--deps-under", dest="under", action="append", default=[],
                     help="list in the depfile only the dependencies below this folder")
+    ap.add_argument("--input", dest="inputs", action="append", default=[],
+                    help="a file every module depends on (Cython's version stamp, this script)")
     ap.add_argument("jobs", nargs="+", metavar="MODULE=PYX=OUT", help="dotted module name, .pyx, .c")
     args = ap.parse_args(argv)
     jobs = []
@@ -98,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(parts) != 3:
             ap.error(f"{job!r}: expected MODULE=PYX=OUT")
         jobs.append((parts[0], parts[1], parts[2]))
-    failed = transpile(jobs, args.include, args.depfile, args.under)
+    failed = transpile(jobs, args.include, args.depfile, args.under, args.inputs)
     if failed:
         print(f"_cythonize: {failed} of {len(jobs)} modules failed", file=sys.stderr)
     return 1 if failed else 0

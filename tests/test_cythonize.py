@@ -17,7 +17,7 @@ _spec.loader.exec_module(cythonize)
 
 def _tree(tmp_path):
     src = tmp_path / "src"
-    src.mkdir()
+    src.mkdir(parents=True)
     (src / "helper.pxd").write_text("cdef int twice(int x)\n")
     (src / "helper.pyx").write_text("cdef int twice(int x):\n    return 2 * x\n")
     (src / "a.pyx").write_text("from libc.stdint cimport int64_t\nfrom helper cimport twice\n"
@@ -39,10 +39,19 @@ def test_unchanged_c_keeps_its_time_stamp_and_a_changed_one_is_rewritten(tmp_pat
     for path in (a, b):
         os.utime(path, (old, old))
     (src / "b.pyx").write_text("def g():\n    return 2\n")
+    a_record = (out / "a.c.inputs").stat().st_mtime_ns
     assert cythonize.main(["-I", str(src), "--depfile", str(dep), *jobs]) == 0
-    assert a.stat().st_mtime == old                 # same C: untouched, so it does not recompile
+    assert (out / "a.c.inputs").stat().st_mtime_ns == a_record    # a's inputs unchanged: not transpiled
+    assert a.stat().st_mtime == old
     assert b.stat().st_mtime != old                 # new C: rewritten
-    assert sorted(p.name for p in out.iterdir()) == ["a.c", "a.c.dep", "b.c"]   # no .new.c left
+    assert "return 2" in b.read_text() or "__pyx_int_2" in b.read_text()
+    # a's .pyx touched, not changed: transpiled again, but the same C keeps its time stamp
+    os.utime(src / "a.pyx", (old + 10**8, old + 10**8))
+    os.utime(out / "a.c.inputs", (old, old))
+    assert cythonize.main(["-I", str(src), "--depfile", str(dep), *jobs]) == 0
+    assert (out / "a.c.inputs").stat().st_mtime > old + 10**8
+    assert a.stat().st_mtime == old                 # same C: untouched, so it does not recompile
+    assert sorted(p.name for p in out.iterdir()) == ["a.c", "a.c.dep", "a.c.inputs", "b.c", "b.c.inputs"]
 
 
 def test_the_depfile_names_every_pxd_read_and_only_below_the_given_folders(tmp_path):
@@ -53,6 +62,8 @@ def test_the_depfile_names_every_pxd_read_and_only_below_the_given_folders(tmp_p
     assert dep.read_text().startswith(f"{out / 'a.c'}:")
     assert str(src / "helper.pxd") in deps and str(src / "b.pyx") in deps
     assert any(d.endswith(os.path.join("libc", "stdint.pxd")) for d in deps)    # Cython's own
+    src, out, jobs = _tree(tmp_path / "2")
+    dep = out / "a.c.dep"
     assert cythonize.main(["-I", str(src), "--depfile", str(dep), "--deps-under", str(src), *jobs]) == 0
     deps = cythonize._deps_of(str(dep))
     assert deps and all(d.startswith(str(src) + os.sep) for d in deps)
@@ -64,7 +75,7 @@ def test_a_module_that_does_not_compile_fails_the_batch_and_leaves_no_file(tmp_p
     dep = out / "a.c.dep"
     assert cythonize.main(["-I", str(src), "--depfile", str(dep), *jobs]) == 1
     assert "1 of 2 modules failed" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["a.c"]      # no b.c, no depfile, no .new.c
+    assert sorted(p.name for p in out.iterdir()) == ["a.c", "a.c.inputs"]   # no b.c, depfile, .new.c
 
 
 def test_a_malformed_job_is_refused(tmp_path):
