@@ -23,6 +23,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Sequence
 
 
 def _deps_of(depfile: str) -> list[str]:
@@ -34,7 +35,7 @@ def _deps_of(depfile: str) -> list[str]:
 
 
 def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str | None,
-              under: list[str] = (), inputs: list[str] = ()) -> int:
+              under: Sequence[str] = (), inputs: Sequence[str] = ()) -> int:
     """Transpile each (module, pyx, out.c); the number of modules that failed.
 
     The depfile lists only dependencies below one of the folders ``under`` (all, if none):
