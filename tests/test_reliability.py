@@ -214,8 +214,9 @@ def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         def children():
             return [c for f in glob.glob(f"/proc/{{os.getpid()}}/task/*/children") for c in open(f).read().split()]
-        if "{phase}" == "proof":
-            _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, True)     # MUL_MAT nodes are proven first
+        # proof: MUL_MAT nodes are proven first; compute: not, on any build (a prebuilt ggml
+        # trusts no kernel, so its graphs would be proven first too)
+        _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, "{phase}" == "proof")
         n = 1024           # 16 nodes of 2 GFLOP: long enough to interrupt, short to redo under ASan
         with pyggml.Context(256 << 20) as ctx:
             a = ctx.from_numpy(np.full((n, n), 1e-3, np.float32))
