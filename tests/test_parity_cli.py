@@ -187,7 +187,9 @@ PLANTED = textwrap.dedent("""
     SLOW = int(os.environ.get("PLANTED_SLOW", "-1"))      # this case writes its pid to MARK and waits
     MARK = os.environ.get("PLANTED_MARK", "")
     DIE = os.environ.get("PLANTED_DIE", "")              # "between": the first worker dies after case 0;
-    LOG = os.environ.get("PLANTED_LOG", "")              # "always": every worker before its first case
+    LOG = os.environ.get("PLANTED_LOG", "")              # "always": every worker before its first case;
+                                                         # "stuck": every worker hangs before its first case
+    runner._WORKER_START_S = float(os.environ.get("PLANTED_START", runner._WORKER_START_S))
 
     class Planted(Subject):
         name = op = "planted_cli"
@@ -229,6 +231,8 @@ PLANTED = textwrap.dedent("""
             f.write(f"{os.getpid()}\\n")
         if DIE == "always":
             os.kill(os.getpid(), signal.SIGKILL)
+        if DIE == "stuck":
+            time.sleep(600)
         if DIE == "between" and sum(1 for _ in open(LOG)) == 1:
             conn = DiesBeforeSecondStart(conn)
         _real_worker_main(conn, *args)
@@ -347,4 +351,20 @@ def test_workers_that_die_before_any_case_blame_none_and_end_the_sweep(tmp_path)
     assert len(log.read_text().split()) == 3
     doc = json.loads((out / "p.json").read_text())
     assert doc["partial"] is True and doc["rows"] == []
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_workers_stuck_before_any_case_are_killed_and_end_the_sweep(tmp_path):
+    """a worker that never starts a case (an import that hangs) is no hang of the sweep"""
+    out = tmp_path / "out"
+    log = tmp_path / "workers.log"
+    t0 = time.monotonic()
+    proc = planted(tmp_path, "--json", str(out / "p.json"), "--timeout", "1", die="stuck", log=log, start=1)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    lines = messages(stderr)
+    assert len(lines) == 1 and "died before running a case" in lines[0], stderr
+    assert "no case started after 1 s" in lines[0]
+    assert len(log.read_text().split()) == 3 and time.monotonic() - t0 < 60
+    assert json.loads((out / "p.json").read_text())["rows"] == []
     assert os.listdir(tmp_path / "tmp") == []

@@ -129,6 +129,10 @@ class WorkerError(RuntimeError):
 # a worker that dies with no case running blames no case, and its cases go back; this
 # many such deaths in a row with no case started in between end the sweep (WorkerError)
 _IDLE_DEATHS = 3
+# a worker that has not started its first case this many seconds after it was handed a
+# batch (or ``timeout``, if longer) is stuck before any case (an import that hangs): it
+# is killed, and counts as one of those deaths
+_WORKER_START_S = 120.0
 
 
 def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
@@ -138,6 +142,9 @@ def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)                       # ggml's messages before an abort land here
     os.close(fd)
+    # the subject table is built before the first case, so that its cost (imports, on a
+    # loaded machine seconds) does not count against that case's timeout
+    all_subjects(probe)
     while True:
         try:
             msg = conn.recv()
@@ -203,6 +210,7 @@ class _Worker:
     def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int) -> None:
         self.inflight: list[tuple[int, Case]] = []
         self.current: int | None = None
+        self.began = False               # it has started a case (past its imports)
         self.started = time.monotonic()
         self.last_words = ""             # the end of its stderr, once killed
         fd, self.stderr = tempfile.mkstemp(prefix="pyggml-parity-", suffix=".err")
@@ -337,7 +345,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                         while w.conn.poll():
                             msg = w.conn.recv()
                             if msg[0] == "start":
-                                w.current, w.started = msg[1], time.monotonic()
+                                w.current, w.started, w.began = msg[1], time.monotonic(), True
                                 idle_deaths = 0
                             elif msg[0] == "done":
                                 finish(msg[1], msg[2], msg[3])
@@ -348,14 +356,19 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                     except (EOFError, OSError):
                         dead = True
                     hung = w.current is not None and now - w.started > timeout
-                    if not (dead or hung):
+                    stuck = (w.current is None and w.inflight and not w.began
+                             and now - w.started > max(timeout, _WORKER_START_S))
+                    if not (dead or hung or stuck):
                         continue
                     # the case it was computing (it said "start", not yet "done") is the
                     # culprit; with none (it died between cases, or before its first), no
                     # case is: the rest of the batch goes back, to be run in order
                     verdict = "timeout" if hung and not dead else "crashed"
                     w.close(kill=True)
-                    detail = (f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc))
+                    if stuck and not dead:
+                        detail = f"no case started after {max(timeout, _WORKER_START_S):.0f} s"
+                    else:
+                        detail = f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc)
                     if w.last_words:
                         detail += f"; stderr: {w.last_words[-600:]}"
                     culprit = w.current
