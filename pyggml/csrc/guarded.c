@@ -244,10 +244,12 @@ int pyggml_guarded_compute(struct ggml_cgraph * graph, size_t min_work, char * m
     }
     regions = calloc(n_all + 1, sizeof *regions);
     char what[200];
-    /* bases first, then views follow their (moved) base */
+    /* bases first, then views follow their (moved) base; a base of 0 bytes too (a size
+       that wrapped): left where it was, a kernel that writes it would run through
+       whatever memory follows, gigabytes of the child's copy-on-write heap */
     for (size_t i = 0; i < n_all; i++) {
         struct ggml_tensor * t = all[i];
-        if (t->view_src == NULL && t->data != NULL && ggml_nbytes(t) > 0) {
+        if (t->view_src == NULL && t->data != NULL) {
             describe(t, t->op == GGML_OP_NONE ? "leaf" : "node", what, sizeof what);
             if (add_region(t, ggml_nbytes(t), ALIGN_DATA, what) != 0) {
                 snprintf(msg, cap, "guarded compute: out of memory");
