@@ -53,6 +53,7 @@ cdef class Context:
     cdef readonly size_t mem_size
     cdef readonly bint no_alloc
     cdef uintptr_t _base    # the pool's address, kept after close() to identify tensors
+    cdef size_t _asan_end   # ASan builds: the end of the pool's addressable bytes
     cdef object _deps       # other contexts whose tensors tensors of this one reference
     cdef object _dep_pools  # their storages, kept alive while this context is open
     cdef list _borrowed     # numpy arrays whose memory tensors of this context use

@@ -59,7 +59,7 @@ cdef extern from "stdlib.h" nogil:
     int posix_memalign(void ** memptr, size_t alignment, size_t size)
 
 cdef extern from "asan_hooks.h" nogil:
-    void pg_asan_reserve(void * pool, size_t used, size_t need, size_t size)
+    void pg_asan_reserve(void * pool, size_t used, size_t need, size_t size, size_t * end)
     void pg_asan_release(void * pool, size_t size)
     int pg_asan_enabled()
 

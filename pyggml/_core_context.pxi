@@ -39,7 +39,8 @@ cdef class Context:
         cdef bint c_no_alloc = arg_bool(no_alloc, "no_alloc", "Context")
         self.pool = Storage.__new__(Storage)
         self.pool._alloc(mem_size)
-        pg_asan_reserve(self.pool.ptr, 0, 0, mem_size)       # ASan builds: all poisoned
+        self._asan_end = mem_size
+        pg_asan_reserve(self.pool.ptr, 0, 0, mem_size, &self._asan_end)     # ASan builds: all poisoned
         cdef ggml_init_params params
         params.mem_size = mem_size
         params.mem_buffer = self.pool.ptr
@@ -100,7 +101,7 @@ cdef class Context:
             raise ContextFullError(f"{what} needs {nbytes} bytes but the context has {self.mem_size - used} "
                                    f"of {self.mem_size} free")
         # ASan builds: exactly the bytes the allocation takes become addressable
-        pg_asan_reserve(self.pool.ptr, used, nbytes, self.mem_size)
+        pg_asan_reserve(self.pool.ptr, used, nbytes, self.mem_size, &self._asan_end)
         return 0
 
     cdef int _depend_on(self, Context other) except -1:

@@ -71,7 +71,7 @@ cdef int op_check(Context ctx, ggml_tensor * r, pyggml_guard * g, str op) except
     cdef size_t used = ggml_used_mem(ctx.ptr)
     if used + need > ctx.mem_size:
         return 1
-    pg_asan_reserve(ctx.pool.ptr, used, need, ctx.mem_size)
+    pg_asan_reserve(ctx.pool.ptr, used, need, ctx.mem_size, &ctx._asan_end)
     return 0
 
 
