@@ -31,6 +31,10 @@ def add_graph(ctx, n=4):
 
 def allocator(kind, be):
     return pyggml.GraphAllocator(be) if kind == "gallocr" else pyggml.Scheduler([be])
+
+# the side of the matrices of the long computes that other threads act on meanwhile; ASan's
+# kernels (scripts/sanitize.py) are about 10 times slower: 1/8 of the work there
+LONG_N = 512 if os.environ.get("PYGGML_SANITIZED") == "1" else 1024
 """
 
 
@@ -272,7 +276,7 @@ def test_one_backend_computes_for_many_threads_without_a_wrong_result():
 def _long_graph_code(where):
     return f"""
         be = pyggml.Backend("CPU", n_threads=1)
-        n = 1024
+        n = LONG_N
         ctx = pyggml.Context(64 << 20, no_alloc=True)
         a = ctx.new_tensor(Type.F32, (n, n))
         r = a
@@ -535,7 +539,7 @@ def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
             again = lambda: [np.testing.assert_array_equal(a, b)
                              for a, b in zip(pyggml.attention_backward(*small, n_threads=1), want)]
         elif {entry!r} == "optimizer":
-            n = 512
+            n = LONG_N // 2
             weights = pyggml.Context(1 << 20, no_alloc=True)
             w = weights.new_tensor(Type.F32, (n, n)); pyggml.set_param(w)
             x = weights.new_tensor(Type.F32, (n, n))
@@ -552,7 +556,7 @@ def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
             call = lambda: trainer.epoch(d)
             again = lambda: trainer.epoch(opt.Dataset(n, n))
         else:
-            n = 1024
+            n = LONG_N
             ctx = pyggml.Context(64 << 20, no_alloc=True)
             a = ctx.new_tensor(Type.F32, (n, n))
             r = a

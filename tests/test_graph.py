@@ -1,3 +1,4 @@
+import os
 import threading
 import time
 
@@ -153,7 +154,11 @@ def test_a_refused_compute_leaves_the_threadpool_free(ctx):
     assert not pyggml._cpu._threadpool_busy()
 
 
-def long_graph(ctx, n=1024, depth=8):
+# ASan's kernels (scripts/sanitize.py) are about 10 times slower: 1/8 of the work there
+LONG_N = 512 if os.environ.get("PYGGML_SANITIZED") == "1" else 1024
+
+
+def long_graph(ctx, n=LONG_N, depth=8):
     a = ctx.from_numpy(np.ones((n, n), np.float32))
     r = a
     for _ in range(depth):
@@ -184,7 +189,7 @@ def test_graph_cannot_change_or_recompute_while_computing():
 
 def test_compute_releases_the_gil():
     ctx = pyggml.Context(256 << 20)
-    n = 1024
+    n = LONG_N
     a = ctx.from_numpy(np.ones((n, n), np.float32))
     r = a
     for _ in range(8):
