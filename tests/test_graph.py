@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import Type
+from pyggml import Type, _core
 from pyggml.opinfo.harness import rules_disabled
 
 
@@ -279,27 +279,39 @@ def rss_bytes():
         return int(f.read().split()[1]) * 4096
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs /proc")
-def test_no_memory_grows_over_many_cycles():
-    def cycle():
-        ctx = pyggml.Context(1 << 20)
-        a = ctx.from_numpy(np.ones(256, np.float32))
-        c = pyggml.add(ctx, a, a)
-        g = pyggml.Graph(ctx)
-        g.build_forward_expand(c)
-        g.compute(1)
-        v = c.numpy()
-        ctx.close()
-        return v
+def _cycle():
+    ctx = pyggml.Context(1 << 20)
+    a = ctx.from_numpy(np.ones(256, np.float32))
+    c = pyggml.add(ctx, a, a)
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(c)
+    g.compute(1)
+    v = c.numpy()
+    ctx.close()
+    return v
 
-    for _ in range(2000):
-        cycle()
-    before = rss_bytes()
-    for _ in range(20000):
-        cycle()
-    # measured here: 0 bytes of growth; a leaked pool would be 1 MiB a cycle, and a
-    # leaked 64-byte object a cycle would be 1.2 MiB over the loop
-    assert rss_bytes() - before < 1 << 20
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+@pytest.mark.parametrize("proven", [False, True], ids=["compute", "proof"])
+def test_no_memory_grows_over_many_cycles(proven):
+    """The compute path, 20,000 cycles with ADD trusted on every build (a prebuilt ggml
+    trusts no kernel: proven, the loop took 300 s there), and the forked proof's path,
+    500 cycles with ADD untrusted: no memory and no file descriptor grows."""
+    was = _core._set_kernel_untrusted(pyggml.Op.ADD, proven)
+    try:
+        n = 500 if proven else 20000
+        for _ in range(n // 10):
+            _cycle()
+        before, fds = rss_bytes(), len(os.listdir("/proc/self/fd"))
+        for _ in range(n):
+            assert _cycle()[0] == 2.0
+        # measured here: 0 bytes of growth; a leaked pool would be 1 MiB a cycle, a leaked
+        # 64-byte object a cycle 1.2 MiB over the compute loop; a proof's leaked worker
+        # thread stack or task, a few pages a cycle, several MiB over the proof loop
+        assert rss_bytes() - before < 1 << 20
+        assert len(os.listdir("/proc/self/fd")) == fds      # the proof's pipe is closed
+    finally:
+        _core._set_kernel_untrusted(pyggml.Op.ADD, was)
 
 
 def test_only_outputs_are_guaranteed_after_compute(ctx):
