@@ -16,6 +16,9 @@ from pyggml.opinfo import Arg, OpInfo, Sample
 from pyggml.opinfo._common import FLOATS, normal, tile_to
 
 PLAIN = FLOATS + (Type.I32,)
+# the types the byte-moving ops (views, reshapes, copies of one type, concat) take: every
+# non-quantized one the CPU kernels copy by element size
+MOVABLE = PLAIN + (Type.I16, Type.I8)
 QUANTS = (Type.Q8_0, Type.Q4_0, Type.Q4_K)
 # NMSE of a quantized round trip of normal data, measured with pyggml.quantize: Q8_0 3.1e-5,
 # Q4_0 8.1e-3, Q4_K 5.6e-3 (rows of 256); the bounds leave room for other samples.
@@ -37,7 +40,9 @@ def _np(g: np.ndarray) -> np.ndarray:
 
 def _vals(rng, shape, t: Type) -> np.ndarray:
     """normal values, or small integers for integer types"""
-    if t in (Type.I32, Type.I16, Type.I8, Type.I64):
+    if t == Type.I8:
+        return rng.integers(-100, 100, size=shape)
+    if t in (Type.I32, Type.I16, Type.I64):
         return rng.integers(-1000, 1000, size=shape)
     return normal(rng, shape)
 
@@ -205,7 +210,7 @@ def _ref_set_2d(a, b, nb1, offset):
 
 # --- cpy, cast --------------------------------------------------------------------------------
 
-_CPY_TYPES = (Type.F32, Type.F16, Type.BF16, Type.I32) + QUANTS
+_CPY_TYPES = MOVABLE + QUANTS
 
 
 def _sources_for(dst: Type):
@@ -216,12 +221,14 @@ def _sources_for(dst: Type):
         return FLOATS
     if dst == Type.I32:
         return (Type.F32, Type.I32)
+    if dst in (Type.I16, Type.I8):          # a copy of the same type only
+        return (dst,)
     return FLOATS + (dst,)
 
 
 def _src_vals(rng, shape, st, dst):
-    if st == Type.I32:
-        return rng.integers(-1000, 1000, size=shape)
+    if st in (Type.I32, Type.I16, Type.I8):
+        return _vals(rng, shape, st)
     v = normal(rng, shape, 8.0 if dst == Type.I32 else 1.0)
     if dst == Type.I32:                     # away from the integers, where truncation jumps
         v = np.trunc(v) + np.where(v >= 0, 0.5, -0.5)
@@ -315,7 +322,7 @@ def _ref_view(a, *args, types):
     return _np(g)
 
 
-_VIEW_TYPES = (Type.F32, Type.F16, Type.BF16, Type.I32)
+_VIEW_TYPES = MOVABLE
 
 
 def _view_samples(n):
@@ -585,7 +592,7 @@ def _ref_win_unpart(a, w0, h0, w):
 # --------------------------------------------------------------------------------------------
 
 _ident = lambda a: a  # noqa: E731
-_PLAIN_Q = PLAIN + (Type.Q8_0, Type.Q4_0)
+_PLAIN_Q = MOVABLE + (Type.Q8_0, Type.Q4_0)
 
 
 OPINFOS = [
@@ -601,7 +608,7 @@ OPINFOS = [
     OpInfo("cont_4d", ref=_ref_cont_nd, samples=_cont_nd_samples(4), types=_PLAIN_Q, grad=True),
     OpInfo("repeat", ref=lambda a, b: tile_to(a, b.shape), samples=_repeat_samples, types=_REPEAT_TYPES, grad=True),
     OpInfo("repeat_4d", ref=_ref_repeat_4d, samples=_repeat_4d_samples, types=_REPEAT_TYPES, grad=True),
-    OpInfo("concat", ref=_ref_concat, samples=_concat_samples, types=PLAIN + (Type.Q8_0,)),
+    OpInfo("concat", ref=_ref_concat, samples=_concat_samples, types=MOVABLE + (Type.Q8_0,)),
     OpInfo("set", ref=_place, samples=_set_samples, types=(Type.F32, Type.I32), grad=True),
     OpInfo("set_inplace", ref=_place, samples=_set_samples, types=(Type.F32, Type.I32)),
     OpInfo("set_1d", ref=_ref_set_1d, samples=_set_1d_samples, types=(Type.F32, Type.I32), grad=True),
@@ -614,18 +621,18 @@ OPINFOS = [
                                                                     else np.float64)),
            samples=_cast_samples, types=_CPY_TYPES, tol=QTOL, grad=True,
            note="the sample type is the result's; F32 -> I32 truncates toward 0; " + QNOTE),
-    OpInfo("reshape", ref=lambda a, b: a.reshape(b.shape), samples=_reshape_samples, types=PLAIN, grad=True),
-    OpInfo("reshape_1d", ref=_ref_cont_nd, samples=_reshape_nd_samples(1), types=PLAIN, grad=True),
-    OpInfo("reshape_2d", ref=_ref_cont_nd, samples=_reshape_nd_samples(2), types=PLAIN, grad=True),
-    OpInfo("reshape_3d", ref=_ref_cont_nd, samples=_reshape_nd_samples(3), types=PLAIN, grad=True),
-    OpInfo("reshape_4d", ref=_ref_cont_nd, samples=_reshape_nd_samples(4), types=PLAIN, grad=True),
+    OpInfo("reshape", ref=lambda a, b: a.reshape(b.shape), samples=_reshape_samples, types=MOVABLE, grad=True),
+    OpInfo("reshape_1d", ref=_ref_cont_nd, samples=_reshape_nd_samples(1), types=MOVABLE, grad=True),
+    OpInfo("reshape_2d", ref=_ref_cont_nd, samples=_reshape_nd_samples(2), types=MOVABLE, grad=True),
+    OpInfo("reshape_3d", ref=_ref_cont_nd, samples=_reshape_nd_samples(3), types=MOVABLE, grad=True),
+    OpInfo("reshape_4d", ref=_ref_cont_nd, samples=_reshape_nd_samples(4), types=MOVABLE, grad=True),
     OpInfo("view_1d", ref=_ref_view, samples=_view_samples(1), types=_VIEW_TYPES, grad=True, typed_ref=True,
            note="byte offsets and strides scaled to the element size"),
     OpInfo("view_2d", ref=_ref_view, samples=_view_samples(2), types=_VIEW_TYPES, grad=True, typed_ref=True),
     OpInfo("view_3d", ref=_ref_view, samples=_view_samples(3), types=_VIEW_TYPES, grad=True, typed_ref=True),
     OpInfo("view_4d", ref=_ref_view, samples=_view_samples(4), types=_VIEW_TYPES, grad=True, typed_ref=True),
-    OpInfo("permute", ref=_ref_permute, samples=_permute_samples, types=PLAIN, grad=True),
-    OpInfo("transpose", ref=lambda a: np.swapaxes(a, -1, -2), samples=_transpose_samples, types=PLAIN, grad=True),
+    OpInfo("permute", ref=_ref_permute, samples=_permute_samples, types=MOVABLE, grad=True),
+    OpInfo("transpose", ref=lambda a: np.swapaxes(a, -1, -2), samples=_transpose_samples, types=MOVABLE, grad=True),
     OpInfo("get_rows", ref=_ref_get_rows, samples=_get_rows_samples, types=_GET_ROWS_TYPES, grad=True,
            note="the gradient is checked on 2-d samples: ggml's get_rows_back takes matrices only"),
     OpInfo("set_rows", ref=_ref_set_rows, samples=_set_rows_samples, types=_SET_ROWS_TYPES, tol=QTOL,
