@@ -307,8 +307,13 @@ def test_no_memory_grows_over_many_cycles(proven):
             assert _cycle()[0] == 2.0
         # measured here: 0 bytes of growth; a leaked pool would be 1 MiB a cycle, a leaked
         # 64-byte object a cycle 1.2 MiB over the compute loop; a proof's leaked worker
-        # thread stack or task, a few pages a cycle, several MiB over the proof loop
-        assert rss_bytes() - before < 1 << 20
+        # thread stack or task, a few pages a cycle, several MiB over the proof loop.
+        # Under ASan (scripts/sanitize.py) freed memory stays in a 1 GiB quarantine, about
+        # 1,000 of these 1 MiB pools: the compute loop's 2,000 warm-up cycles fill it, the
+        # proof loop's 50 do not (measured there: RSS grows 175 KB a cycle up to about
+        # 1,000 cycles, then stays flat), so only the file descriptors are checked there
+        if not (proven and os.environ.get("PYGGML_SANITIZED") == "1"):
+            assert rss_bytes() - before < 1 << 20
         assert len(os.listdir("/proc/self/fd")) == fds      # the proof's pipe is closed
     finally:
         _core._set_kernel_untrusted(pyggml.Op.ADD, was)
