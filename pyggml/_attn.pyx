@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._attn: pyggml's own blocked attention backward (csrc/attn_blocked.c), on numpy
 arrays and as a node of a ggml graph (a ggml custom op, csrc/attn_node.c).
 

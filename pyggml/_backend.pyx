@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._backend: ggml's backends (ggml-backend.h): the device registry, a backend,
 backend buffers for the tensors of a ``no_alloc`` context, graph allocation (the graph
 allocator and the scheduler, _backend_alloc.pxi), and computing a graph with

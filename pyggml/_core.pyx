@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._core: Storage, Context, Tensor, ggml's enums, and the checks every op shares.
 
 ggml has no error codes: a failed ``GGML_ASSERT`` aborts the process. Every entry

@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._cpu: the CPU executor: plan, work buffer, threadpool, compute.
 
 ``Graph.compute`` hands the graph to the installed executor; this module installs

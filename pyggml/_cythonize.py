@@ -25,6 +25,15 @@ import re
 import sys
 from collections.abc import Sequence
 
+# The directives every pyggml module is transpiled with (a module's own header names only
+# language_level). binding=False: functions and methods are CPython's own builtin
+# functions and method descriptors, not Cython's function type, whose code each module
+# otherwise carries and compiles; embedsignature in the "clinic" format gives each its
+# __text_signature__, so inspect.signature() and help() still show the parameters.
+# Measured on a Zen 3 (gcc -O2, one module's C alone): _core 22.5 -> 17.9 CPU-s,
+# _ops_math 3.39 -> 2.86.
+DIRECTIVES = {"binding": False, "embedsignature": True, "embedsignature.format": "clinic"}
+
 
 def _deps_of(depfile: str) -> list[str]:
     """The dependencies in a depfile Cython wrote (``target: dep dep ...``), absolute."""
@@ -59,7 +68,8 @@ def transpile(jobs: list[tuple[str, str, str]], include: list[str], depfile: str
         if mine is None:
             if base is None:
                 from Cython.Compiler.Main import CompilationOptions, compile_single, default_options
-                base = CompilationOptions(default_options, include_path=include, depfile=True)
+                base = CompilationOptions(default_options, include_path=include, depfile=True,
+                                          compiler_directives=DIRECTIVES)
             tmp = f"{out}.new.c"
             result = compile_single(os.path.abspath(pyx), CompilationOptions(base, output_file=tmp),
                                     full_module_name=module)

@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._fab: what is particular to the seed's FLASH_ATTN_BACK node.
 
 Upstream's ggml_flash_attn_back() begins with GGML_ABORT since commit 1a815669

@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._graph: the Graph (ggml_cgraph): building it forward and backward.
 
 Computing is the executor's job (``pyggml._cpu`` today): ``Graph.compute`` hands the

@@ -1,4 +1,4 @@
-# cython: language_level=3, embedsignature=True
+# cython: language_level=3
 """pyggml._opt: training with ggml-opt (ggml-opt.h) over ggml's scheduler.
 
 An Optimizer trains over a :class:`pyggml.Scheduler` (``ggml_backend_sched``); a
