@@ -3,15 +3,15 @@ pyggml.opt) against what an adversarial review of it found (issue 17): each clas
 crash, hang or silent wrong result, now a named exception or a right answer. Every
 repro runs in a fresh interpreter: a crash fails the test, not the run."""
 
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from sizes import LONG_N, SANITIZED
 
 
-PRELUDE = """
+PRELUDE = f"""
 import gc, os, signal, sys, threading, time
 import numpy as np
 import pyggml
@@ -32,9 +32,8 @@ def add_graph(ctx, n=4):
 def allocator(kind, be):
     return pyggml.GraphAllocator(be) if kind == "gallocr" else pyggml.Scheduler([be])
 
-# the side of the matrices of the long computes that other threads act on meanwhile; ASan's
-# kernels (scripts/sanitize.py) are about 10 times slower: 1/8 of the work there
-LONG_N = 512 if os.environ.get("PYGGML_SANITIZED") == "1" else 1024
+# the side of the matrices of the long computes that other threads act on (tests/sizes.py)
+LONG_N = {LONG_N}
 """
 
 
@@ -431,7 +430,7 @@ def test_a_failed_allocation_leaves_nothing_half_allocated(kind):
 
 # --- 9. C++ exceptions -------------------------------------------------------------------------
 
-@pytest.mark.skipif(os.environ.get("PYGGML_SANITIZED") == "1",
+@pytest.mark.skipif(SANITIZED,
                     reason="ASan's operator new aborts on an allocation too large instead of throwing std::bad_alloc")
 def test_a_dataset_larger_than_memory_is_a_memory_error():
     out = run_isolated("""

@@ -8,6 +8,7 @@ import pytest
 import pyggml
 from pyggml import Type, _core
 from pyggml.opinfo.harness import rules_disabled
+from sizes import LONG_N, SANITIZED
 
 
 def test_compute_and_nodes(ctx, rng):
@@ -154,8 +155,6 @@ def test_a_refused_compute_leaves_the_threadpool_free(ctx):
     assert not pyggml._cpu._threadpool_busy()
 
 
-# ASan's kernels (scripts/sanitize.py) are about 10 times slower: 1/8 of the work there
-LONG_N = 512 if os.environ.get("PYGGML_SANITIZED") == "1" else 1024
 
 
 def long_graph(ctx, n=LONG_N, depth=8):
@@ -312,7 +311,7 @@ def test_no_memory_grows_over_many_cycles(proven):
         # 1,000 of these 1 MiB pools: the compute loop's 2,000 warm-up cycles fill it, the
         # proof loop's 50 do not (measured there: RSS grows 175 KB a cycle up to about
         # 1,000 cycles, then stays flat), so only the file descriptors are checked there
-        if not (proven and os.environ.get("PYGGML_SANITIZED") == "1"):
+        if not (proven and SANITIZED):
             assert rss_bytes() - before < 1 << 20
         assert len(os.listdir("/proc/self/fd")) == fds      # the proof's pipe is closed
     finally:

@@ -2,7 +2,6 @@
 exception or a working call. Each repro runs in a fresh interpreter: a crash is a
 failed test that shows the exit status, not a dead test run."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ import pytest
 import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import rules_disabled
+from sizes import LONG_N
 
 
 def run_isolated(code, timeout=120):
@@ -213,7 +213,7 @@ def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
         _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, "{phase}" == "proof")
         # 16 nodes of 2 GFLOP (0.27 under ASan's slower kernels): long enough to interrupt,
         # short to redo
-        n = 512 if os.environ.get("PYGGML_SANITIZED") == "1" else 1024
+        n = {LONG_N}
         with pyggml.Context(256 << 20) as ctx:
             a = ctx.from_numpy(np.full((n, n), 1e-3, np.float32))
             r = a
