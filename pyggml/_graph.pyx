@@ -19,6 +19,8 @@ cimport pyggml._core as _c
 
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, GGMLTypeError,
                            GraphBusyError, GraphFullError, InternalError, UpstreamDefect)
+# a Python name for the defaults below, so that their text signatures resolve
+from pyggml._core import DEFAULT_GRAPH_SIZE
 
 from libc.stdlib cimport free
 
@@ -83,7 +85,7 @@ cdef class Graph:
     room for ``size`` nodes and ``size`` leafs.
     """
 
-    def __cinit__(self, ctx, size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
+    def __cinit__(self, ctx, size=DEFAULT_GRAPH_SIZE, grads=False):
         self.ptr = NULL
         memset(&self._seen, 0, sizeof(self._seen))
         cdef Context c = _c.arg_context(ctx, "Graph")
@@ -108,7 +110,7 @@ cdef class Graph:
         pg_ptrset_free(&self._seen)
 
     @staticmethod
-    def overhead(size=GGML_DEFAULT_GRAPH_SIZE, grads=False):
+    def overhead(size=DEFAULT_GRAPH_SIZE, grads=False):
         """Bytes a Graph of ``size`` takes in its context (``ggml_graph_overhead_custom``)."""
         return ggml_graph_overhead_custom(_c.index_arg(size, "size", "overhead"), bool(grads))
 

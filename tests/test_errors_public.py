@@ -178,3 +178,38 @@ def test_the_public_api_raises_only_ggml_errors_on_bad_values():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["calls"] > 9000                    # the walk reached the op wrappers and the methods
     assert got["offenders"] == {}
+
+
+def _public_callables():
+    """Every public function of pyggml and pyggml.opt, and every public method of their
+    classes (the exception classes and the IntEnums aside: Python's own)."""
+    import inspect
+    for mod in (pyggml, opt):
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
+                continue
+            if inspect.isclass(obj):
+                if issubclass(obj, (BaseException, int)):
+                    continue
+                for m, v in vars(obj).items():
+                    if not m.startswith("_") and callable(getattr(obj, m)) and not isinstance(v, property):
+                        yield f"{mod.__name__}.{name}.{m}", getattr(obj, m)
+            else:
+                yield f"{mod.__name__}.{name}", obj
+
+
+def test_every_public_callable_has_a_signature():
+    """inspect.signature() (help(), IDEs, the walk above) reads every public function's and
+    method's parameters: the Cython modules are built with binding=False, where only the
+    embedded text signature gives them, and a default must be a name Python can resolve
+    (a C constant there would make the whole signature unreadable)."""
+    import inspect
+    names, unreadable = 0, []
+    for name, f in _public_callables():
+        names += 1
+        try:
+            inspect.signature(f)
+        except (TypeError, ValueError) as e:
+            unreadable.append(f"{name}: {e}")
+    assert names > 250 and not unreadable, unreadable
