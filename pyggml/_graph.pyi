@@ -5,6 +5,7 @@ from typing import final
 
 from typing_extensions import disjoint_base
 
+from pyggml._core import DEFAULT_GRAPH_SIZE as DEFAULT_GRAPH_SIZE
 from pyggml._core import Context, Tensor
 
 @disjoint_base
