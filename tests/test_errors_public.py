@@ -38,6 +38,7 @@ def test_fit_raises_ggml_errors(kw, match):
 # --- the tree the docs draw is the tree of the classes ------------------------------------
 
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -45,6 +46,7 @@ import textwrap
 from pathlib import Path
 
 import pyggml.errors as errors
+from public_api import public_callables
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^(?P<indent>[│ ]*)(?:[├└]── )?(?P<name>[A-Za-z]+)(?: \((?P<builtin>[A-Za-z]+)\))?(?:\s|$)")
@@ -102,8 +104,8 @@ WALK = r'''
 import contextlib, inspect, io, json, re
 import numpy as np
 import pyggml
-from pyggml import opt
 from pyggml.errors import GGMLError
+from public_api import module_callables, public
 
 BAD = [None, "bad", object(), -1, 2 ** 70, 1e300, np.zeros((2, 2))]
 # the interpreter's own complaint about the number of arguments is not a bad value
@@ -140,17 +142,9 @@ def walk(name, f):
             if n > 1:
                 call(name, f, [bad] * n)
 
-def public(obj):
-    return [n for n in dir(obj) if not n.startswith("_")]
-
-for mod in (pyggml, opt):
-    for n in public(mod):
-        f = getattr(mod, n)
-        if n == "demo" or inspect.ismodule(f) or not callable(f):
-            continue
-        if inspect.isclass(f) and issubclass(f, (BaseException, int)):
-            continue                       # the exception classes; IntEnums (Python's own protocol)
-        walk(f"{mod.__name__}.{n}", f)
+for name, f in module_callables():
+    if name != "pyggml.demo":              # the demo computes; it takes no argument to check
+        walk(name, f)
 
 with pyggml.Context(1 << 22) as ctx:
     x = ctx.new_tensor(pyggml.Type.F32, [4, 3])
@@ -172,31 +166,15 @@ def test_the_public_api_raises_only_ggml_errors_on_bad_values():
     Context, Tensor, Graph, Backend, GraphAllocator and Scheduler), called with each bad
     value in each argument: whatever it raises is a GGMLError. In a fresh interpreter, so
     that a crash is a failure with its exit status."""
-    proc = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=600, cwd="/")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    proc = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=600,
+                          cwd="/", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["calls"] > 9000                    # the walk reached the op wrappers and the methods
     assert got["offenders"] == {}
-
-
-def _public_callables():
-    """Every public function of pyggml and pyggml.opt, and every public method of their
-    classes (the exception classes and the IntEnums aside: Python's own)."""
-    import inspect
-    for mod in (pyggml, opt):
-        for name in dir(mod):
-            obj = getattr(mod, name)
-            if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
-                continue
-            if inspect.isclass(obj):
-                if issubclass(obj, (BaseException, int)):
-                    continue
-                for m, v in vars(obj).items():
-                    if not m.startswith("_") and callable(getattr(obj, m)) and not isinstance(v, property):
-                        yield f"{mod.__name__}.{name}.{m}", getattr(obj, m)
-            else:
-                yield f"{mod.__name__}.{name}", obj
 
 
 def test_every_public_callable_has_a_signature():
@@ -206,7 +184,7 @@ def test_every_public_callable_has_a_signature():
     (a C constant there would make the whole signature unreadable)."""
     import inspect
     names, unreadable = 0, []
-    for name, f in _public_callables():
+    for name, f in public_callables():
         names += 1
         try:
             inspect.signature(f)
