@@ -64,6 +64,37 @@ def test_add1_types_the_kernel_does_not_take(a_type, b_type):
         assert kernel_verdict(build) == "abort"
 
 
+@pytest.mark.parametrize("op", ["add", "add1"])
+@pytest.mark.parametrize("typ", [Type.Q8_1, Type.Q8_K])
+def test_a_quantized_src0_without_to_float_is_refused_and_really_aborts(op, typ):
+    """add_q_f32 and add1_q_f32 dequantize src0's rows: their switches list every quantized
+    type with a to_float and abort on the others (the dot-product-only Q8_1 and Q8_K),
+    which pyggml's rule let through and which killed the interpreter (found by
+    tests/test_opinfo.py's quantized type check)."""
+    def build(ctx):
+        a = ctx.new_tensor(typ, (256, 2))
+        a.blocks()[...] = 0
+        b = ctx.from_numpy(np.ones((2, 256) if op == "add" else (1,), np.float32))
+        return getattr(pyggml, op)(ctx, a, b)
+
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.GGMLTypeError, match=f"(?i){op} node refused.*{typ.name}"):
+            build(ctx)
+    assert kernel_verdict(build) == "abort"
+
+
+@pytest.mark.parametrize("op", ["add", "add1"])
+def test_a_quantized_src0_with_to_float_is_added(op):
+    x = f32(2, 256)
+    q = pyggml.quantize(Type.Q4_K, x)
+    with pyggml.Context(1 << 20) as ctx:
+        b = ctx.from_numpy(np.full((2, 256) if op == "add" else (1,), 0.5, np.float32))
+        got = compute(ctx, getattr(pyggml, op)(ctx, ctx.from_numpy(q, type=Type.Q4_K), b))
+    # the sum is quantized again (Q4_K, as a): within the type's step of the exact sum
+    want = pyggml.dequantize(Type.Q4_K, q, x.shape) + 0.5
+    assert got.shape == x.shape and np.abs(got - want).max() < 0.25
+
+
 def test_acc_past_the_end_is_refused_and_really_out_of_bounds():
     def build(ctx, offset):
         return pyggml.acc(ctx, ctx.from_numpy(np.zeros((2, 4), np.float32)),

@@ -43,6 +43,13 @@ int pg_is_float(enum ggml_type type) {
     return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
 }
 
+/* The quantized types the CPU kernels' "any quantized src0" switches list (add_q_f32,
+ * add1_q_f32, get_rows, out_prod, ...): those ggml can turn back into floats. Q8_1 and
+ * Q8_K, the other side of a dot product only, have no to_float: those switches abort. */
+int pg_is_dequantizable(enum ggml_type type) {
+    return ggml_is_quantized(type) && ggml_get_type_traits(type)->to_float != NULL;
+}
+
 const char * pg_type(const struct ggml_tensor * t) {
     return t == NULL ? "NULL" : ggml_type_name(t->type);
 }

@@ -20,7 +20,8 @@ static int rule_add_id(const struct ggml_tensor * t, pg_why * why) {
 }
 
 /* ggml_compute_forward_add1: src0 F32 (add1_f32 reads the scalar as float), F16 or BF16
- * (with a scalar of the same type or F32), or quantized (add1_q_f32: F32 scalar, result
+ * (with a scalar of the same type or F32), or quantized with a to_float (add1_q_f32, whose
+ * switch aborts on Q8_1 and Q8_K: F32 scalar, result
  * of src0's type); element rows contiguous. add1_q_f32 addresses the rows of dst with
  * i3*nb0 where i3*nb3 belongs: with ne3 > 1 it writes batches over each other. */
 static int rule_add1(const struct ggml_tensor * t, pg_why * why) {
@@ -32,7 +33,7 @@ static int rule_add1(const struct ggml_tensor * t, pg_why * why) {
         PG_NEED_TYPE(b, "the scalar (src1) of an F32 src0", tb == GGML_TYPE_F32, why);
     } else if (ta == GGML_TYPE_F16 || ta == GGML_TYPE_BF16) {
         PG_NEED_TYPE(b, "the scalar (src1)", tb == ta || tb == GGML_TYPE_F32, why);
-    } else if (ggml_is_quantized(ta)) {
+    } else if (pg_is_dequantizable(ta)) {
         PG_NEED_TYPE(b, "the scalar (src1) of a quantized src0", tb == GGML_TYPE_F32, why);
         PG_NEED_TYPE(t, "the result (src0's type)", t->type == ta, why);
         if (!(t->nb[0] <= t->nb[1] && t->nb[1] <= t->nb[2] && t->nb[2] <= t->nb[3])) {
@@ -120,7 +121,7 @@ static int rule_fill(const struct ggml_tensor * t, pg_why * why) {
 /* binary-ops.cpp binary_op/apply_binary_op (ADD, SUB, MUL, DIV of non-quantized a):
  * the type triples it instantiates, dst and src0 rows contiguous; src1 any stride.
  * ops.cpp ggml_compute_forward_add: a quantized src0 goes to add_q_f32 (same shapes,
- * src1 F32, dst of src0's type or F32). */
+ * src1 F32, dst of src0's type or F32) where the switch lists it (not Q8_1, Q8_K). */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * b = t->src[1];
@@ -128,7 +129,12 @@ int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 1, why);
     enum ggml_type ta = a->type, tb = b->type, td = t->type;
     if (t->op == GGML_OP_ADD && ggml_is_quantized(ta)) {
-        /* ggml_compute_forward_add_q_f32 */
+        /* ggml_compute_forward_add_q_f32, for the types its switch lists (Q8_1 and Q8_K
+         * reach GGML_ABORT("fatal error")) */
+        if (!pg_is_dequantizable(ta)) {
+            return pg_refuse_type(why, "the CPU kernel has no add for a quantized src0 of type %s (no "
+                                  "to_float)", pg_type(a));
+        }
         if (!ggml_are_same_shape(a, b) || !ggml_are_same_shape(a, t)) {
             return pg_refuse(why, "a quantized src0 (%s) needs src1 and the result of its shape", pg_type(a));
         }

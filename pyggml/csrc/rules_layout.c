@@ -31,10 +31,6 @@ static int whole_blocks(const struct ggml_tensor * t) {
                              (long long) (x)->ne[0], pg_type(x), (long long) ggml_blck_size((x)->type)); \
     } while (0)
 
-static int dequantizable(enum ggml_type type) {
-    return ggml_is_quantized(type) && ggml_get_type_traits(type)->to_float != NULL;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 
 /* ggml_compute_forward_concat: F16/BF16/I16 (concat_f16), I8 (concat_i8), F32/I32
@@ -78,7 +74,7 @@ static int rule_get_rows(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * ix = t->src[1];
     enum ggml_type ta = a->type;
-    PG_NEED_TYPE(a, "src0", pg_is_float(ta) || ta == GGML_TYPE_I32 || dequantizable(ta), why);
+    PG_NEED_TYPE(a, "src0", pg_is_float(ta) || ta == GGML_TYPE_I32 || pg_is_dequantizable(ta), why);
     PG_NEED_TYPE(ix, "the indices (src1)", ix->type == GGML_TYPE_I32, why);
     const enum ggml_type want = ta == GGML_TYPE_I32 ? GGML_TYPE_I32 : GGML_TYPE_F32;
     if (t->type != want || !pg_rows_contiguous(t)) {
@@ -450,7 +446,7 @@ static int rule_dup(const struct ggml_tensor * t, pg_why * why) {
                          "does not reserve for this pair", pg_type(a));
     }
     if (ggml_is_quantized(ta) && td == GGML_TYPE_F32 && t->op == GGML_OP_CPY) {
-        if (!dequantizable(ta)) {
+        if (!pg_is_dequantizable(ta)) {
             return pg_refuse_type(why, "the CPU kernel cannot dequantize %s", pg_type(a));
         }
         if (!rows_or_single(a)) {

@@ -54,8 +54,7 @@ static int rule_out_prod(const struct ggml_tensor * t, pg_why * why) {
         return PYGGML_OK;        /* ggml_compute_forward skips an empty result */
     }
     enum ggml_type ta = a->type;
-    int quant = ggml_is_quantized(ta) && ta != GGML_TYPE_Q8_1 && ta != GGML_TYPE_Q8_K &&
-                ggml_get_type_traits(ta)->to_float != NULL;
+    int quant = pg_is_dequantizable(ta);
     if (!(ta == GGML_TYPE_F32 || ta == GGML_TYPE_F16 || quant)) {
         return pg_refuse_type(why, "the CPU kernel does not take src0 of type %s (it takes F32, F16 and "
                               "the quantized types with a CPU dot product)", pg_type(a));
