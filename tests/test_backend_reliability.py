@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from sizes import LONG_N, SANITIZED
+from sizes import LONG_N, SANITIZED, long_depth
 
 
 PRELUDE = f"""
@@ -273,13 +273,14 @@ def test_one_backend_computes_for_many_threads_without_a_wrong_result():
 
 
 def _long_graph_code(where):
+    # about 1.5 s on one thread (the other thread acts at 0.3 s, then waits for the end)
     return f"""
         be = pyggml.Backend("CPU", n_threads=1)
         n = LONG_N
         ctx = pyggml.Context(64 << 20, no_alloc=True)
         a = ctx.new_tensor(Type.F32, (n, n))
         r = a
-        for _ in range(8):
+        for _ in range({long_depth(1.5)}):
             r = pyggml.mul_mat(ctx, a, r)
         g = pyggml.Graph(ctx); g.build_forward_expand(r)
         pyggml.GraphAllocator(be).alloc_graph(g) if {where!r} != "backend" else be.alloc_ctx_tensors(ctx)
@@ -531,7 +532,11 @@ def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
     out = run_isolated(prelude=CTRL_C + OPT_MODEL, code=f"""
         be = pyggml.Backend("CPU", n_threads=1)
         if {entry!r} == "attention":
-            q, k, v, d = (f32(1, 8, 2048, 128, seed=i) for i in range(4))
+            # heads enough for about 3 s on one thread (its cost is linear in them)
+            one = [f32(1, 1, 2048, 128, seed=i) for i in range(4)]
+            t0 = time.perf_counter(); pyggml.attention_backward(*one, n_threads=1)
+            heads = min(256, max(8, int(3.0 / (time.perf_counter() - t0)) + 1))
+            q, k, v, d = (f32(1, heads, 2048, 128, seed=i) for i in range(4))
             call = lambda: pyggml.attention_backward(q, k, v, d, n_threads=1)
             small = [x[:, :1, :64] for x in (q, k, v, d)]
             want = pyggml.attention_backward(*small, n_threads=1)
@@ -559,7 +564,7 @@ def test_ctrl_c_interrupts_every_compute_entry_point_within_100_ms(entry):
             ctx = pyggml.Context(64 << 20, no_alloc=True)
             a = ctx.new_tensor(Type.F32, (n, n))
             r = a
-            for _ in range(16):
+            for _ in range({long_depth(3.0)}):          # about 3 s: Ctrl-C comes at 0.5 s
                 r = pyggml.mul_mat(ctx, a, r)
             g = pyggml.Graph(ctx); g.build_forward_expand(r)
             be.alloc_ctx_tensors(ctx)

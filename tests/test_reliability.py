@@ -12,7 +12,7 @@ import pytest
 import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import rules_disabled
-from sizes import LONG_N
+from sizes import LONG_N, long_depth
 
 
 def run_isolated(code, timeout=120):
@@ -200,6 +200,7 @@ def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
     the node it is in; the graph is busy until then, and usable after), and during the
     forked proof a graph with unchecked nodes gets first (the child is killed and reaped,
     not left running)."""
+    depth = long_depth(3.0)
     out = run_isolated(f"""
         import glob, os, signal, threading, time, numpy as np, pyggml
         from pyggml import _core
@@ -211,13 +212,13 @@ def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
         # proof: MUL_MAT nodes are proven first; compute: not, on any build (a prebuilt ggml
         # trusts no kernel, so its graphs would be proven first too)
         _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, "{phase}" == "proof")
-        # 16 nodes of 2 GFLOP (0.27 under ASan's slower kernels): long enough to interrupt,
-        # short to redo
+        # nodes of 2 GFLOP (0.27 under ASan's slower kernels), as many as about 3 s on one
+        # thread takes here (tests/sizes.py): long enough to interrupt at 0.3 s, short to redo
         n = {LONG_N}
-        with pyggml.Context(256 << 20) as ctx:
+        with pyggml.Context(({depth} + 2) * n * n * 4 + (16 << 20)) as ctx:
             a = ctx.from_numpy(np.full((n, n), 1e-3, np.float32))
             r = a
-            for _ in range(16):
+            for _ in range({depth}):
                 r = pyggml.mul_mat(ctx, a, r)
             g = pyggml.Graph(ctx)
             g.build_forward_expand(r)
@@ -246,7 +247,7 @@ def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
     latency, unchecked, during, after, usable = out.split()
     assert float(latency) < 0.1, out
     # the proof's child ran when Ctrl-C came; no child is left after it
-    want = ("0", "0") if phase == "compute" else ("16", "1")
+    want = ("0", "0") if phase == "compute" else (str(depth), "1")
     assert (unchecked, during, after, usable) == (*want, "0", "usable"), out
 
 
