@@ -115,6 +115,18 @@ class _TypeBase(IntEnum):
     def is_quantized(self):
         return bool(ggml_is_quantized(<ggml_type><int>self))
 
+    @property
+    def requires_imatrix(self):
+        """Whether ggml quantizes to this type only with an importance matrix
+        (``ggml_quantize_requires_imatrix``; :func:`quantize`'s ``imatrix=``)."""
+        return bool(ggml_quantize_requires_imatrix(<ggml_type><int>self))
+
+    @property
+    def has_cpu_from_float(self):
+        """Whether the CPU backend converts F32 rows into this type (its type traits'
+        ``from_float``: what CPY, SET_ROWS and a matrix product's conversion of src1 call)."""
+        return bool(pyggml_type_has_cpu_from_float(<int>self))
+
 
 Type = _TypeBase("Type", _TYPE_MEMBERS, module=__name__)
 Type.__doc__ = "ggml tensor types (``enum ggml_type``); values come from the compiled header."

@@ -81,6 +81,7 @@ cdef extern from "pyggml_rt.h" nogil:
                            pyggml_status * st)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
+    int pyggml_type_has_cpu_from_float(int type)
 
     ctypedef struct pyggml_async:
         ggml_cgraph * graph

@@ -25,6 +25,10 @@ class Defect:
     seen_in: tuple[str, ...]        # ggml releases where a probe or a test saw it
     probe: Callable[[], object] | None = None   # measures it on the linked ggml
     probe_unit: str = ""            # what the probe's number means
+    # undefined behaviour in upstream code that pyggml runs as it is: the UBSan suppressions
+    # ("check:function") that let a sanitized build (scripts/sanitize.py) run past it and no
+    # further (anything else UBSan reports stays fatal)
+    ubsan: tuple[str, ...] = ()
 
     def run_probe(self):
         """The probe's measurement on the linked ggml (None: not applicable here)."""
@@ -347,6 +351,39 @@ DEFECTS: tuple[Defect, ...] = (
               "per row, counting elements as blocks",
         action="refused with UpstreamDefect (tests/test_rules_layout.py shows the out-of-bounds write)",
         seen_in=("0.20.2",),
+    ),
+    Defect(
+        id="q1-0-dot-misaligned-load",
+        title="Q1_0's x86 dot product reads a uint32 from a 2-byte-aligned block (undefined in C)",
+        ops=("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"),
+        where="ggml-cpu/arch/x86/quants.c ggml_vec_dot_q1_0_q8_0: qs32 = (const uint32_t *) x[ib].qs, and "
+              "block_q1_0 (an F16 scale and 16 bytes) is 2-byte aligned",
+        action="not refused: x86-64 loads unaligned words, and the products are right (mul_mat's samples against "
+               "float64); UBSan reports it, so a sanitized build suppresses this one site",
+        seen_in=("0.20.2",),
+        ubsan=("alignment:ggml_vec_dot_q1_0_q8_0",),
+    ),
+    Defect(
+        id="iq3-s-dot-sign-shift",
+        title="IQ3_S's x86 dot product shifts a uint16 into an int's sign bit (undefined in C)",
+        ops=("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"),
+        where="ggml-cpu/arch/x86/quants.c ggml_vec_dot_iq3_s_q8_K: signs[0] | (signs[1] << 16), signs a "
+              "const uint16_t * (promoted to int, so a set top bit shifts into the sign)",
+        action="not refused: GCC and Clang give the two's complement bits, and the products are right "
+               "(mul_mat's samples against float64); a sanitized build suppresses this one site",
+        seen_in=("0.20.2",),
+        ubsan=("shift-base:ggml_vec_dot_iq3_s_q8_K",),
+    ),
+    Defect(
+        id="iq1-s-dot-misaligned-load",
+        title="IQ1_S's x86 dot product reads a uint32 at a 2-byte-aligned offset (undefined in C)",
+        ops=("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"),
+        where="ggml-cpu/arch/x86/quants.c ggml_vec_dot_iq1_s_q8_K: *(const uint32_t *)qs inside block_iq1_s "
+              "(2-byte aligned)",
+        action="not refused: x86-64 loads unaligned words; a sanitized build suppresses this one site "
+               "(IQ1_S needs an imatrix and seconds of setup: sampled by tests/test_opinfo.py's slow-type test)",
+        seen_in=("0.20.2",),
+        ubsan=("alignment:ggml_vec_dot_iq1_s_q8_K",),
     ),
     Defect(
         id="cpy-f16-i32-work",

@@ -90,3 +90,20 @@ def test_present_follows_the_probes_of_kernel_verdicts():
     for d in defects.DEFECTS:
         if d.probe is not None and "kernel verdict" in d.probe_unit:
             assert defects.present(d.id) is defects.measures_defect(d.run_probe())
+
+
+@pytest.mark.skipif(not (ROOT / "scripts" / "sanitize.py").exists(), reason="needs the source tree")
+def test_the_sanitized_build_suppresses_exactly_the_recorded_upstream_ub(tmp_path):
+    """scripts/sanitize.py hands UBSan the suppressions of the records (Defect.ubsan), one
+    check at one function each, and keeps every other report fatal."""
+    spec = importlib.util.spec_from_file_location("sanitize_for_test", ROOT / "scripts" / "sanitize.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    want = [s for d in defects.DEFECTS for s in d.ubsan]
+    assert want and script.ubsan_suppressions() == want
+    for line in want:
+        # UBSan's check names; a C identifier, not a wildcard or a file
+        assert re.fullmatch(r"(alignment|shift-base|shift-exponent|signed-integer-overflow):[A-Za-z_]\w*", line)
+    lines = script.write_suppressions(tmp_path).read_text().splitlines()
+    assert [x for x in lines if not x.startswith("#")] == want
+    assert "-fno-sanitize-recover" not in script.FLAGS     # (a fatal check would ignore the suppressions)

@@ -17,6 +17,7 @@ import pytest
 import pyggml
 from pyggml import _optable
 from pyggml.opinfo import registry
+from pyggml.opinfo._common import DOT_ONLY, QUANTIZED, SLOW_TO_QUANTIZE
 from pyggml.opinfo.harness import compute, grad_check, run
 
 REG = registry()
@@ -140,3 +141,142 @@ def test_an_unlisted_type_the_kernel_takes_fails():
     # mul_mat's rule takes F16 and BF16 a: an OpInfo that lists F32 only is caught
     narrowed = dataclasses.replace(REG["mul_mat"], types=(pyggml.Type.F32,))
     assert unlisted_types_taken(narrowed) == ["F16", "BF16"]
+
+
+# --- ... and so must its quantized types -----------------------------------------------------
+# A quantized sample needs rows of whole blocks, which the float samples do not have. So the
+# check builds (no compute, a no_alloc context) the op's first contiguous sample of its first
+# type with every float tensor's rows 256 times as long (whole blocks of every quantized
+# type), once as it is and then with each float tensor in turn, and all of them together,
+# re-typed to each quantized type: a type some re-typing builds is a type pyggml's rule lets
+# through to the kernel, and must be in the OpInfo's ``types`` or ``unsampled``.
+
+WIDEN = 256
+# ops whose widened sample does not build as it is (a widened row is not what the op's
+# other arguments say): the check cannot see their quantized types
+QUANTIZED_UNCHECKED = {
+    "add1", "add1_inplace",                         # b must stay a scalar
+    "add_rel_pos", "add_rel_pos_inplace",           # pw's rows are tied to a's ne
+    "arange",                                       # no tensor argument
+    "cont_1d", "cont_2d", "cont_3d", "cont_4d",     # the new shape is an int argument
+    "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "repeat_4d",
+    "cross_entropy_loss_back",                      # its first argument is a scalar gradient
+    "dsv4_hc_comb", "dsv4_hc_post", "dsv4_hc_pre",  # ne0 is the hyper-connection count
+    "flash_attn_back",                              # head sizes are tied to one another
+    "gated_delta_net", "gated_linear_attn", "lightning_indexer", "rwkv_wkv6", "rwkv_wkv7", "ssm_scan",
+    "opt_step_adamw", "opt_step_sgd",               # their samples pass ready tensors
+    "solve_tri", "tri",                             # square matrices
+}
+
+
+def _is_tensor_spec(a) -> bool:
+    return isinstance(a, tuple) and len(a) == 3 and isinstance(a[0], pyggml.Type)
+
+
+def widened_sample(info):
+    """The op's first contiguous sample of its first type, as (type, numpy shape, float?)
+    per tensor argument, the float ones WIDEN times as long in their rows; None where it
+    has none (no tensor argument, or every sample passes ready tensors)."""
+    t0 = info.types[0]
+    rng = np.random.default_rng(_seed(info.op, "quantized"))
+    for s in info.samples(rng, t0):
+        tensors = [a for a in s.args if isinstance(a, pyggml.opinfo.Arg)]
+        if (s.defect or not tensors or any(isinstance(a, pyggml.Tensor) for a in s.args)
+                or any(a.layout != "contiguous" for a in tensors)):
+            continue
+        args = []
+        for a in s.args:
+            if not isinstance(a, pyggml.opinfo.Arg):
+                args.append(a)
+                continue
+            typ = pyggml.Type(a.type)
+            shape = np.shape(a.value) or (1,)
+            is_float = typ in FLOAT_TYPES
+            if is_float:
+                shape = shape[:-1] + (shape[-1] * WIDEN,)
+            args.append((typ, shape, is_float))
+        return args
+    return None
+
+
+FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
+
+
+def _builds(op: str, args, retype: dict) -> bool:
+    """Whether pyggml builds op on tensors of these types and shapes (a no_alloc context:
+    its rules decide, nothing computes)."""
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        call = [ctx.new_tensor(retype.get(i, a[0]), tuple(reversed(a[1]))) if _is_tensor_spec(a) else a
+                for i, a in enumerate(args)]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                getattr(pyggml, op)(ctx, *call)
+        except pyggml.GGMLError:
+            return False
+    return True
+
+
+def quantized_types_taken(info) -> list[pyggml.Type] | None:
+    """The quantized types pyggml's rule lets through for info.op (None: the widened
+    sample does not build as it is, so nothing can be said)."""
+    args = widened_sample(info)
+    if args is None or not _builds(info.op, args, {}):
+        return None
+    pos = [i for i, a in enumerate(args) if _is_tensor_spec(a) and a[2]]
+    retypings = [[i] for i in pos] + ([pos] if len(pos) > 1 else [])
+    return [q for q in QUANTIZED if any(_builds(info.op, args, {i: q for i in r}) for r in retypings)]
+
+
+def sampled_types(info) -> set:
+    """info.types, and every type a tensor argument of its samples has (a source of cpy's
+    samples into F32, an F32 b of mul_mat's quantized a, ...)."""
+    got = set(info.types)
+    for t in info.types:
+        for s in info.samples(np.random.default_rng(_seed(info.op, t.name)), t):
+            got |= {pyggml.Type(a.type) for a in s.args if isinstance(a, pyggml.opinfo.Arg)}
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(n for n in REG if ROWS[n]["available"]))
+def test_every_quantized_type_the_rule_takes_is_in_the_opinfo(name):
+    info = REG[name]
+    taken = quantized_types_taken(info)
+    if taken is None:
+        assert name in QUANTIZED_UNCHECKED, f"{name}: its widened sample does not build"
+        return
+    assert name not in QUANTIZED_UNCHECKED, f"{name} is checked now: take it out of QUANTIZED_UNCHECKED"
+    sampled = sampled_types(info)
+    assert [q.name for q in taken if q not in sampled and q not in info.unsampled] == []
+    # and an unsampled type is one the rule takes (not a stale excuse)
+    assert [q.name for q in info.unsampled if q.is_quantized and q not in taken] == []
+    assert all(why for why in info.unsampled.values())
+
+
+def test_an_unlisted_quantized_type_the_rule_takes_fails():
+    # get_rows dequantizes every quantized type with a to_float, and no other: an OpInfo
+    # that lists the float types only is caught on each of them
+    narrowed = dataclasses.replace(REG["get_rows"], types=FLOAT_TYPES, unsampled={})
+    taken = quantized_types_taken(narrowed)
+    assert taken == [q for q in QUANTIZED if q not in DOT_ONLY] and len(taken) > 20
+    assert not set(taken) & sampled_types(narrowed)
+
+
+# --- the quantized types whose first quantization takes seconds --------------------------------
+
+SLOW_OPS = ("mul_mat", "mul_mat_id", "out_prod", "get_rows", "flash_attn_ext")
+
+
+@pytest.mark.parametrize("t", SLOW_TO_QUANTIZE, ids=lambda t: t.name)
+def test_the_slow_quantized_types_against_float64(t):
+    """SLOW_TO_QUANTIZE (their first quantization in a process builds a search grid; three
+    need an importance matrix, which the harness makes flat) are left out of the OpInfos'
+    ``types``: here, once, the first sample of each op that takes them, against float64
+    with the bound of the op's other 256-block type (Q4_K)."""
+    assert t.blck_size == pyggml.Type.Q4_K.blck_size
+    for op in SLOW_OPS:
+        info = REG[op]
+        assert t in info.unsampled and t not in info.types
+        sample = next(s for s in info.samples(np.random.default_rng(_seed(op, t.name)), t) if not s.defect)
+        res = run(info, sample)
+        assert res.nmse <= info.tolerance(pyggml.Type.Q4_K), f"{op} {t.name} {sample.name}: NMSE {res.nmse:.2e}"

@@ -188,6 +188,14 @@ int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgraph * graph, in
     return ok;
 }
 
+int pyggml_type_has_cpu_from_float(int type) {
+    if (type < 0 || type >= GGML_TYPE_COUNT) {
+        return 0;
+    }
+    const struct ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu((enum ggml_type) type);
+    return tr != NULL && tr->from_float != NULL;
+}
+
 int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                         int64_t n_per_row, const float * imatrix) {
     volatile int ok = 0;

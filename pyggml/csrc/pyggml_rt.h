@@ -128,6 +128,10 @@ PYGGML_RT_API int pyggml_try_graph_plan(pyggml_guard * g, const struct ggml_cgra
 PYGGML_RT_API int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                                       int64_t n_per_row, const float * imatrix);
 
+/* Whether the CPU backend converts F32 rows into `type` (its type traits' from_float, what
+ * CPY, SET_ROWS and the matrix products' conversion of src1 call): 1 or 0. */
+PYGGML_RT_API int pyggml_type_has_cpu_from_float(int type);
+
 /* --- computing on a worker thread ----------------------------------------------------------
  * So that a caller waiting for a long compute can return at once on Ctrl-C: the compute
  * runs on a detached thread; the caller waits in slices (pyggml_async_wait) and checks

@@ -89,6 +89,8 @@ class OpInfo:
     ``note`` says why a tolerance is looser than the default, or what is not covered.
     ``typed_ref``: ``ref`` also takes ``types=``, the ggml types of the sample's tensor
     args in order (for a reference that reads byte offsets or strides).
+    ``unsampled``: types the kernel rule accepts that no sample holds, each with why
+    (tests/test_opinfo.py: every type the rule accepts is in ``types`` or here).
     """
     op: str
     ref: Callable[..., Any]
@@ -100,6 +102,7 @@ class OpInfo:
     grad_tol: float = 1e-6
     note: str = ""
     typed_ref: bool = False
+    unsampled: dict[Type, str] = dataclasses.field(default_factory=dict)
 
     def tolerance(self, t: Type) -> float:
         return self.tol.get(t, TOL.get(t, 1e-7))

@@ -17,6 +17,53 @@ from pyggml.opinfo import Arg, Sample
 FLOATS = (Type.F32, Type.F16, Type.BF16)
 
 
+def _readable(t: Type) -> bool:
+    """Whether ggml can turn t back into floats (its type traits have a ``to_float``)."""
+    from pyggml._core import dequantize
+    from pyggml.errors import GGMLTypeError
+    try:
+        dequantize(t, np.zeros(t.type_size, np.uint8), (t.blck_size,))
+    except GGMLTypeError:
+        return False
+    return True
+
+
+# every quantized type of the linked ggml
+QUANTIZED = tuple(t for t in Type if t.is_quantized)
+# the types ggml has only as the other side of a dot product (an F32 b converted for a's
+# vec_dot): no to_float, so no reference can read a tensor of them (Q8_1, Q8_K)
+DOT_ONLY = tuple(t for t in QUANTIZED if not _readable(t))
+# the types whose first quantization in a process builds a search grid: measured 5.6 s
+# (IQ2_S) and 12.3 s (IQ1_M) on a Zen 5; IQ2_XXS, IQ2_XS and IQ1_S also need an imatrix.
+# Sampled by one dedicated test (tests/test_opinfo.py), not by every sweep.
+SLOW_TO_QUANTIZE = tuple(getattr(Type, n) for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+                         if hasattr(Type, n))
+
+
+def quantized_but(*excluded: Type) -> tuple[Type, ...]:
+    """QUANTIZED without the types named (and never the DOT_ONLY ones, which no sample can hold)."""
+    return tuple(t for t in QUANTIZED if t not in excluded and t not in DOT_ONLY)
+
+
+def unsampled(types: Iterable[Type], why: str, sampled: Iterable[Type] = ()) -> dict[Type, str]:
+    """An OpInfo's ``unsampled``: each of ``types`` not in ``sampled``, with why no sample holds it."""
+    sampled = tuple(sampled)
+    return {t: why for t in types if t not in sampled}
+
+
+SLOW_WHY = ("its quantization takes seconds to start: tests/test_opinfo.py samples it once for mul_mat, "
+            "mul_mat_id, out_prod, get_rows and flash_attn_ext")
+DOT_ONLY_WHY = "no to_float: no reference can read a tensor of it back"
+# the arguments whose type no kernel reads
+SHAPE_WHY = "the argument of this type gives a shape only: no kernel reads its data"
+VIEW_WHY = "a view: no kernel runs (its bytes are the source's)"
+BYTES_WHY = ("a same-type copy moves whole blocks as bytes, one code path for every block type: "
+             "sampled for the block types in `types`")
+CONVERT_WHY = ("into this type: ggml's CPU quantizer (from_float), compared with float64 for the block types "
+               "in `types` only, whose rounding bounds are measured (QTOL); for each other type a bound "
+               "would only restate its rounding")
+
+
 def normal(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
     return rng.standard_normal(shape) * scale
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import FLOATS, broadcast_pairs, normal, tile_to, unary_samples
+from pyggml.opinfo._common import (FLOATS, SLOW_TO_QUANTIZE, broadcast_pairs, normal, quantized_but, tile_to,
+                                   unary_samples, unsampled)
 
 
 def _binary(rng, t, denominator=False, broadcast_grad_defect=""):
@@ -38,11 +39,12 @@ def _ref_add_cast(a, b, typ):
 def _add_cast_samples(rng, t):
     # t is a's type. The pairs the CPU kernels take: an F16/BF16 a with an F32 b into a's
     # type or F32 (binary-ops.cpp), a quantized a of b's shape into F32 (add_q_f32)
+    n = max(64, t.blck_size)            # whole blocks of a quantized a
     for rt in (Type.F32,) if t.is_quantized else (t, Type.F32):
-        a = normal(rng, (3, 64))
-        yield Sample((Arg(a, t), Arg(normal(rng, (3, 64))), rt), f"{t.name} + F32 as {rt.name}")
+        a = normal(rng, (3, n))
+        yield Sample((Arg(a, t), Arg(normal(rng, (3, n))), rt), f"{t.name} + F32 as {rt.name}")
         if not t.is_quantized:          # the quantized kernel (add_q_f32) takes same shapes only
-            yield Sample((Arg(a, t), Arg(normal(rng, (1, 64))), rt), f"{t.name} + row as {rt.name}")
+            yield Sample((Arg(a, t), Arg(normal(rng, (1, n))), rt), f"{t.name} + row as {rt.name}")
 
 
 def _ref_add_id(a, b, ids):
@@ -105,9 +107,16 @@ def _fill_samples(rng, t):
         yield Sample(s.args + (3.25,), s.name)
 
 
+# add_q_f32 (a quantized a, an F32 b of its shape): sampled through add_cast, into an F32 result,
+# for every type; add and add_inplace write a's type, quantizing the sum again
+_ADD_Q = quantized_but(*SLOW_TO_QUANTIZE)
+_ADD_Q_UNSAMPLED = unsampled(quantized_but(), "a quantized a: the same kernel (add_q_f32) is sampled by add_cast "
+                             "into F32 for every type but the slow ones; into a's own type the sum is quantized "
+                             "again by ggml's CPU quantizer, whose rounding a bound would only restate")
+
 OPINFOS = [
-    _binary_info("add", np.add, grad=True),
-    _binary_info("add_inplace", np.add),
+    _binary_info("add", np.add, grad=True, unsampled=_ADD_Q_UNSAMPLED),
+    _binary_info("add_inplace", np.add, unsampled=_ADD_Q_UNSAMPLED),
     _binary_info("sub", np.subtract, grad=True, broadcast_grad_defect="sub-div-broadcast-grad"),
     _binary_info("sub_inplace", np.subtract),
     _binary_info("mul", np.multiply, grad=True),
@@ -115,9 +124,9 @@ OPINFOS = [
     _binary_info("div", np.divide, denominator=True, grad=True, broadcast_grad_defect="sub-div-broadcast-grad"),
     _binary_info("div_inplace", np.divide, denominator=True),
     OpInfo("add_cast", ref=_ref_add_cast, samples=_add_cast_samples,
-           types=(Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0), tol={Type.F16: 1e-6, Type.BF16: 2e-5},
+           types=(Type.F16, Type.BF16) + _ADD_Q, tol={Type.F16: 1e-6, Type.BF16: 2e-5},
            note="the type is a's (ggml_add_cast asserts a quantized, F16 or BF16 a); the result of an F16/BF16 "
-                "a may round to that type"),
+                "a may round to that type; a quantized a is dequantized exactly into the F32 result"),
     OpInfo("add_id", ref=_ref_add_id, samples=_add_id_samples, grad=False),
     OpInfo("add1", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS, grad=True),
     OpInfo("add1_inplace", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS),

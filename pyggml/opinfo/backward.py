@@ -14,7 +14,8 @@ import numpy as np
 from pyggml import reference
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import broadcast_pairs, normal, rope_ndims0_defect, shapes_unary, uniform
+from pyggml.opinfo._common import (QUANTIZED, SHAPE_WHY, broadcast_pairs, normal, rope_ndims0_defect, shapes_unary,
+                                   uniform, unsampled)
 
 ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
 POOL_MAX, POOL_AVG = 0, 1          # enum ggml_op_pool
@@ -401,10 +402,12 @@ def _cross_entropy_loss_back_samples(rng, t):
 
 
 OPINFOS = [
-    OpInfo("repeat_back", ref=ref_repeat_back, samples=_repeat_back_samples, grad=True),
+    OpInfo("repeat_back", ref=ref_repeat_back, samples=_repeat_back_samples, grad=True,
+           unsampled=unsampled(QUANTIZED, SHAPE_WHY)),
     OpInfo("silu_back", ref=ref_silu_back, samples=_silu_back_samples, types=(Type.F32, Type.F16)),
     OpInfo("rms_norm_back", ref=ref_rms_norm_back, samples=_rms_norm_back_samples),
-    OpInfo("get_rows_back", ref=ref_get_rows_back, samples=_get_rows_back_samples, types=(Type.F32, Type.F16)),
+    OpInfo("get_rows_back", ref=ref_get_rows_back, samples=_get_rows_back_samples, types=(Type.F32, Type.F16),
+           unsampled=unsampled(QUANTIZED, SHAPE_WHY)),
     OpInfo("soft_max_ext_back", ref=ref_soft_max_back, samples=_soft_max_back_samples),
     OpInfo("soft_max_ext_back_inplace", ref=ref_soft_max_back, samples=_soft_max_back_samples),
     OpInfo("rope_ext_back", ref=ref_rope_ext_back, samples=_rope_ext_back_samples, types=(Type.F32, Type.F16)),

@@ -28,7 +28,7 @@ import numpy as np
 
 from pyggml._core import OpPool, ScaleFlag, ScaleMode, Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import FLOATS, normal, uniform
+from pyggml.opinfo._common import FLOATS, QUANTIZED, SHAPE_WHY, normal, uniform, unsampled
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 KT = (F32, F16)          # kernel types of the convolutions
@@ -658,9 +658,11 @@ def _timestep_samples(rng, t):
 
 OPINFOS = [
     OpInfo("im2col", ref=_ref_im2col, samples=_im2col_samples, types=(F32, F16), grad=True,
+           unsampled=unsampled(QUANTIZED, SHAPE_WHY),
            note="t is the result type (F16 columns take F16 or F32 data); gradient with respect to b "
                 "(IM2COL_BACK); the kernel's values do not enter"),
     OpInfo("im2col_3d", ref=_ref_im2col_3d, samples=_im2col_3d_samples, types=(F32, F16),
+           unsampled=unsampled(QUANTIZED, SHAPE_WHY),
            note="t is the result type; no backward in ggml"),
     OpInfo("col2im_1d", ref=_ref_col2im_1d, samples=_col2im_samples, types=FLOATS,
            note="no backward in ggml"),

@@ -119,7 +119,9 @@ def _raw(arg: Arg) -> tuple[np.ndarray, Type | None]:
     if t == Type.BF16:
         return _bf16(base), Type.BF16
     if t.is_quantized:
-        return pyggml.quantize(t, base.astype(np.float32)), t
+        # (a flat importance matrix for the types ggml quantizes only with one)
+        im = np.ones(base.shape[-1], np.float32) if t.requires_imatrix else None
+        return pyggml.quantize(t, base.astype(np.float32), imatrix=im), t
     return base.astype(t.numpy_dtype), None
 
 

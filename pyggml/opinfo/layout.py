@@ -13,7 +13,8 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import FLOATS, normal, tile_to
+from pyggml.opinfo._common import (BYTES_WHY, CONVERT_WHY, DOT_ONLY, DOT_ONLY_WHY, FLOATS, QUANTIZED, SHAPE_WHY, SLOW_TO_QUANTIZE, SLOW_WHY,
+                                   VIEW_WHY, normal, quantized_but, tile_to, unsampled)
 
 PLAIN = FLOATS + (Type.I32,)
 # the types the byte-moving ops (views, reshapes, copies of one type, concat) take: every
@@ -52,10 +53,10 @@ def _q_ok(t: Type) -> bool:
 
 
 def _ncol(t: Type, plain: int = 5) -> int:
-    """a row length: whole blocks for a quantized type (32-blocks: two of them)"""
+    """a row length: whole blocks for a quantized type (at least 64 values)"""
     if not _q_ok(t):
         return plain
-    return 64 if t in (Type.Q8_0, Type.Q4_0) else 256
+    return max(64, t.blck_size)
 
 
 # --- dup, cont --------------------------------------------------------------------------------
@@ -215,8 +216,8 @@ _CPY_TYPES = MOVABLE + QUANTS
 
 def _sources_for(dst: Type):
     """the source types the CPU kernel copies into dst"""
-    if dst == Type.F32:
-        return (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q8_0, Type.Q4_K)
+    if dst == Type.F32:         # (a quantized source is dequantized: exact, every type sampled)
+        return (Type.F32, Type.F16, Type.BF16, Type.I32) + quantized_but(*SLOW_TO_QUANTIZE)
     if dst in (Type.F16, Type.BF16):
         return FLOATS
     if dst == Type.I32:
@@ -368,7 +369,8 @@ def _transpose_samples(rng, t):
 
 # --- get_rows, set_rows -----------------------------------------------------------------------
 
-_GET_ROWS_TYPES = PLAIN + QUANTS
+# get_rows dequantizes with the type's to_float: exact, so every type is sampled (but the slow ones)
+_GET_ROWS_TYPES = PLAIN + quantized_but(*SLOW_TO_QUANTIZE)
 
 
 def _get_rows_samples(rng, t):
@@ -593,12 +595,25 @@ def _ref_win_unpart(a, w0, h0, w):
 
 _ident = lambda a: a  # noqa: E731
 _PLAIN_Q = MOVABLE + (Type.Q8_0, Type.Q4_0)
+_BYTES_UNSAMPLED = unsampled(QUANTIZED, BYTES_WHY, sampled=_PLAIN_Q)
+_CONCAT_TYPES = MOVABLE + (Type.Q8_0,)
+
+
+def _into(sampled) -> dict[Type, str]:
+    """the quantized types the CPU quantizer writes (cpy, cast, set_rows into them) that
+    are not ``sampled`` as the destination"""
+    return {**unsampled((t for t in QUANTIZED if t.has_cpu_from_float), CONVERT_WHY, sampled=sampled),
+            **unsampled((t for t in DOT_ONLY if t.has_cpu_from_float), DOT_ONLY_WHY)}
+
+
+# cpy and cast: the slow types are taken as sources (into F32) too
+_CAST_UNSAMPLED = {**unsampled(SLOW_TO_QUANTIZE, SLOW_WHY), **_into(_CPY_TYPES)}
 
 
 OPINFOS = [
-    OpInfo("dup", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, grad=True),
-    OpInfo("dup_inplace", ref=_ident, samples=_copy_samples, types=_PLAIN_Q),
-    OpInfo("cont", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, grad=True,
+    OpInfo("dup", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, grad=True, unsampled=_BYTES_UNSAMPLED),
+    OpInfo("dup_inplace", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, unsampled=_BYTES_UNSAMPLED),
+    OpInfo("cont", ref=_ident, samples=_copy_samples, types=_PLAIN_Q, grad=True, unsampled=_BYTES_UNSAMPLED,
            note="quantized sources keep dim 0 in place (a transposed block type has no meaning); a quantized "
                 "non-contiguous source reshaped into a contiguous result hits the proposed defect "
                 "cpy-quantized-reshape-oob, not sampled until rules_layout.c refuses it"),
@@ -606,9 +621,11 @@ OPINFOS = [
     OpInfo("cont_2d", ref=_ref_cont_nd, samples=_cont_nd_samples(2), types=_PLAIN_Q, grad=True),
     OpInfo("cont_3d", ref=_ref_cont_nd, samples=_cont_nd_samples(3), types=_PLAIN_Q, grad=True),
     OpInfo("cont_4d", ref=_ref_cont_nd, samples=_cont_nd_samples(4), types=_PLAIN_Q, grad=True),
-    OpInfo("repeat", ref=lambda a, b: tile_to(a, b.shape), samples=_repeat_samples, types=_REPEAT_TYPES, grad=True),
+    OpInfo("repeat", ref=lambda a, b: tile_to(a, b.shape), samples=_repeat_samples, types=_REPEAT_TYPES, grad=True,
+           unsampled=unsampled(QUANTIZED, SHAPE_WHY)),
     OpInfo("repeat_4d", ref=_ref_repeat_4d, samples=_repeat_4d_samples, types=_REPEAT_TYPES, grad=True),
-    OpInfo("concat", ref=_ref_concat, samples=_concat_samples, types=MOVABLE + (Type.Q8_0,)),
+    OpInfo("concat", ref=_ref_concat, samples=_concat_samples, types=_CONCAT_TYPES,
+           unsampled=unsampled(QUANTIZED, BYTES_WHY, sampled=_CONCAT_TYPES)),
     OpInfo("set", ref=_place, samples=_set_samples, types=(Type.F32, Type.I32), grad=True),
     OpInfo("set_inplace", ref=_place, samples=_set_samples, types=(Type.F32, Type.I32)),
     OpInfo("set_1d", ref=_ref_set_1d, samples=_set_1d_samples, types=(Type.F32, Type.I32), grad=True),
@@ -616,12 +633,15 @@ OPINFOS = [
     OpInfo("set_2d", ref=_ref_set_2d, samples=_set_2d_samples, types=(Type.F32, Type.I32), grad=True),
     OpInfo("set_2d_inplace", ref=_ref_set_2d, samples=_set_2d_samples, types=(Type.F32, Type.I32)),
     OpInfo("cpy", ref=_ref_cpy_typed, samples=_cpy_samples, types=_CPY_TYPES, tol=QTOL, grad=True,
+           unsampled=_CAST_UNSAMPLED,
            note="the sample type is the destination's; " + QNOTE),
     OpInfo("cast", ref=lambda a, typ: _ref_cpy_typed(a, np.zeros(a.shape, np.int64 if Type(typ) == Type.I32
                                                                     else np.float64)),
            samples=_cast_samples, types=_CPY_TYPES, tol=QTOL, grad=True,
+           unsampled={t: w for t, w in _CAST_UNSAMPLED.items() if t not in DOT_ONLY},
            note="the sample type is the result's; F32 -> I32 truncates toward 0; " + QNOTE),
-    OpInfo("reshape", ref=lambda a, b: a.reshape(b.shape), samples=_reshape_samples, types=MOVABLE, grad=True),
+    OpInfo("reshape", ref=lambda a, b: a.reshape(b.shape), samples=_reshape_samples, types=MOVABLE, grad=True,
+           unsampled=unsampled(QUANTIZED, VIEW_WHY)),
     OpInfo("reshape_1d", ref=_ref_cont_nd, samples=_reshape_nd_samples(1), types=MOVABLE, grad=True),
     OpInfo("reshape_2d", ref=_ref_cont_nd, samples=_reshape_nd_samples(2), types=MOVABLE, grad=True),
     OpInfo("reshape_3d", ref=_ref_cont_nd, samples=_reshape_nd_samples(3), types=MOVABLE, grad=True),
@@ -631,11 +651,15 @@ OPINFOS = [
     OpInfo("view_2d", ref=_ref_view, samples=_view_samples(2), types=_VIEW_TYPES, grad=True, typed_ref=True),
     OpInfo("view_3d", ref=_ref_view, samples=_view_samples(3), types=_VIEW_TYPES, grad=True, typed_ref=True),
     OpInfo("view_4d", ref=_ref_view, samples=_view_samples(4), types=_VIEW_TYPES, grad=True, typed_ref=True),
-    OpInfo("permute", ref=_ref_permute, samples=_permute_samples, types=MOVABLE, grad=True),
-    OpInfo("transpose", ref=lambda a: np.swapaxes(a, -1, -2), samples=_transpose_samples, types=MOVABLE, grad=True),
+    OpInfo("permute", ref=_ref_permute, samples=_permute_samples, types=MOVABLE, grad=True,
+           unsampled=unsampled(QUANTIZED, VIEW_WHY)),
+    OpInfo("transpose", ref=lambda a: np.swapaxes(a, -1, -2), samples=_transpose_samples, types=MOVABLE, grad=True,
+           unsampled=unsampled(QUANTIZED, VIEW_WHY)),
     OpInfo("get_rows", ref=_ref_get_rows, samples=_get_rows_samples, types=_GET_ROWS_TYPES, grad=True,
+           unsampled=unsampled(SLOW_TO_QUANTIZE, SLOW_WHY),
            note="the gradient is checked on 2-d samples: ggml's get_rows_back takes matrices only"),
     OpInfo("set_rows", ref=_ref_set_rows, samples=_set_rows_samples, types=_SET_ROWS_TYPES, tol=QTOL,
+           unsampled=_into(_SET_ROWS_TYPES),
            note="the sample type is the destination's; " + QNOTE),
     OpInfo("diag", ref=_ref_diag, samples=_diag_samples),
     OpInfo("pad", ref=_ref_pad, samples=_pad_samples),
