@@ -36,3 +36,31 @@ def test_asan_catches_the_flash_attn_back_overrun_inside_a_pool():
     assert proc.returncode != 0
     assert "AddressSanitizer" in proc.stderr and "use-after-poison" in proc.stderr
     assert "flash_attn_back" in proc.stderr
+
+
+@pytest.mark.parametrize("typ, check", [("Q1_0", "misaligned address"), ("IQ3_S", "left shift")])
+def test_the_recorded_upstream_ub_is_real_and_only_it_is_suppressed(typ, check):
+    # the UB of the records with Defect.ubsan, reached through mul_mat: UBSan stops the
+    # process without the suppressions scripts/sanitize.py writes, and lets it finish with them
+    import os
+    import re
+
+    from pyggml import defects
+    code = textwrap.dedent(f"""
+        import numpy as np, pyggml
+        from pyggml.opinfo import registry
+        from pyggml.opinfo.harness import run
+        info = registry()["mul_mat"]
+        sample = next(iter(info.samples(np.random.default_rng(0), pyggml.Type.{typ})))
+        print(run(info, sample).nmse < 5e-4)
+    """)
+    opts = os.environ.get("UBSAN_OPTIONS", "")
+    bare = re.sub(r":?suppressions=[^:]*", "", opts) + ":halt_on_error=1"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                          env=dict(os.environ, UBSAN_OPTIONS=bare))
+    assert proc.returncode != 0 and "runtime error" in proc.stderr and check in proc.stderr, proc.stderr[-2000:]
+    site = re.search(r"quants\.c:\d+", proc.stderr)
+    assert site and any(typ.lower() in s for d in defects.DEFECTS for s in d.ubsan), proc.stderr[-2000:]
+    assert "suppressions=" in opts           # scripts/sanitize.py's run
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0 and proc.stdout.split() == ["True"], proc.stderr[-2000:]
