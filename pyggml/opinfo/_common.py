@@ -59,9 +59,8 @@ SHAPE_WHY = "the argument of this type gives a shape only: no kernel reads its d
 VIEW_WHY = "a view: no kernel runs (its bytes are the source's)"
 BYTES_WHY = ("a same-type copy moves whole blocks as bytes, one code path for every block type: "
              "sampled for the block types in `types`")
-CONVERT_WHY = ("into this type: ggml's CPU quantizer (from_float), compared with float64 for the block types "
-               "in `types` only, whose rounding bounds are measured (QTOL); for each other type a bound "
-               "would only restate its rounding")
+CONVERT_WHY = ("into this type: ggml's CPU quantizer (from_float) has no exact reference here (the converted "
+               "types in `types` are compared with ggml's own quantization, pyggml.quantize)")
 
 
 def normal(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
