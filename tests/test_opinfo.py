@@ -152,6 +152,7 @@ def test_an_unlisted_type_the_kernel_takes_fails():
 # through to the kernel, and must be in the OpInfo's ``types`` or ``unsampled``.
 
 WIDEN = 256
+FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
 # ops whose widened sample does not build as it is (a widened row is not what the op's
 # other arguments say): the check cannot see their quantized types
 QUANTIZED_UNCHECKED = {
@@ -159,7 +160,7 @@ QUANTIZED_UNCHECKED = {
     "add_rel_pos", "add_rel_pos_inplace",           # pw's rows are tied to a's ne
     "arange",                                       # no tensor argument
     "cont_1d", "cont_2d", "cont_3d", "cont_4d",     # the new shape is an int argument
-    "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "repeat_4d",
+    "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "repeat_4d",   # (the same)
     "cross_entropy_loss_back",                      # its first argument is a scalar gradient
     "dsv4_hc_comb", "dsv4_hc_post", "dsv4_hc_pre",  # ne0 is the hyper-connection count
     "flash_attn_back",                              # head sizes are tied to one another
@@ -197,9 +198,6 @@ def widened_sample(info):
             args.append((typ, shape, is_float))
         return args
     return None
-
-
-FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
 
 
 def _builds(op: str, args, retype: dict) -> bool:

@@ -13,8 +13,8 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import (BYTES_WHY, CONVERT_WHY, DOT_ONLY, DOT_ONLY_WHY, FLOATS, QUANTIZED, SHAPE_WHY, SLOW_TO_QUANTIZE, SLOW_WHY,
-                                   VIEW_WHY, normal, quantized_but, tile_to, unsampled)
+from pyggml.opinfo._common import (BYTES_WHY, CONVERT_WHY, DOT_ONLY, DOT_ONLY_WHY, FLOATS, QUANTIZED, SHAPE_WHY,
+                                   SLOW_TO_QUANTIZE, SLOW_WHY, VIEW_WHY, normal, quantized_but, tile_to, unsampled)
 
 PLAIN = FLOATS + (Type.I32,)
 # the types the byte-moving ops (views, reshapes, copies of one type, concat) take: every
@@ -689,7 +689,8 @@ OPINFOS = [
     OpInfo("get_rows", ref=_ref_get_rows, samples=_get_rows_samples, types=_GET_ROWS_TYPES, grad=True,
            unsampled=unsampled(SLOW_TO_QUANTIZE, SLOW_WHY),
            note="the gradient is checked on 2-d samples: ggml's get_rows_back takes matrices only"),
-    OpInfo("set_rows", ref=_ref_set_rows, samples=_set_rows_samples, types=_SET_ROWS_TYPES, typed_ref=True, tol=CONVERT_TOL,
+    OpInfo("set_rows", ref=_ref_set_rows, samples=_set_rows_samples, types=_SET_ROWS_TYPES, typed_ref=True,
+           tol=CONVERT_TOL,
            unsampled=_into(_SET_ROWS_TYPES),
            note="the sample type is the destination's; " + CONVERT_NOTE),
     OpInfo("diag", ref=_ref_diag, samples=_diag_samples),

@@ -155,8 +155,8 @@ OPINFOS = [
            types=(Type.F32, Type.F16, Type.BF16) + QUANT, unsampled=unsampled(SLOW_TO_QUANTIZE, SLOW_WHY),
            tol={Type.F16: 1e-6, Type.BF16: 1e-4, **{q: QUANT_TOL for q in QUANT}},
            note="an F32 b is converted to the experts' vec_dot type as in mul_mat (measured NMSE up to 2.2e-7 "
-                "F16, 8.3e-6 BF16 over 40 seeds, 2.5e-4 over 150 seeds for the worst of 20 quantized types, IQ4_NL; BF16 "
-                "gets mul_mat's 1e-4); the ids are data: the rule cannot check that they are in "
+                "F16, 8.3e-6 BF16 over 40 seeds, 2.5e-4 over 150 seeds for the worst of 20 quantized types, "
+                "IQ4_NL; BF16 gets mul_mat's 1e-4); the ids are data: the rule cannot check that they are in "
                 "[0, n_expert)"),
     OpInfo("out_prod", ref=ref_out_prod, samples=_out_prod_samples, types=(Type.F32, Type.F16) + QUANT,
            unsampled=unsampled(SLOW_TO_QUANTIZE, SLOW_WHY)),
