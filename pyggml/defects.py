@@ -353,6 +353,19 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
     ),
     Defect(
+        id="add-q-no-from-float",
+        title="ADD and ADD1 of a quantized tensor into a type the CPU cannot write (the grid IQ types) write "
+              "past each row or call NULL",
+        ops=("ADD", "ADD1"),
+        where="ggml-cpu/ops.cpp ggml_compute_forward_add_q_f32: without a CPU from_float for dst's type it "
+              "memcpy's ne0*nb0 bytes of F32 sums into each row, nb0 being a block's size; "
+              "ggml_compute_forward_add1_q_f32 calls the type's from_float unchecked. Both switches list "
+              "IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M, IQ3_S and IQ2_S, which have none",
+        action="refused with UpstreamDefect where the result is such a type (into F32, ADD is right); "
+               "tests/test_rules_arith.py shows the write past the result and the abort, rules off",
+        seen_in=("0.20.2",),
+    ),
+    Defect(
         id="q1-0-dot-misaligned-load",
         title="Q1_0's x86 dot product reads a uint32 from a 2-byte-aligned block (undefined in C)",
         ops=("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"),

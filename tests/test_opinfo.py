@@ -156,12 +156,10 @@ FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
 # ops whose widened sample does not build as it is (a widened row is not what the op's
 # other arguments say): the check cannot see their quantized types
 QUANTIZED_UNCHECKED = {
-    "add1", "add1_inplace",                         # b must stay a scalar
     "add_rel_pos", "add_rel_pos_inplace",           # pw's rows are tied to a's ne
     "arange",                                       # no tensor argument
     "cont_1d", "cont_2d", "cont_3d", "cont_4d",     # the new shape is an int argument
     "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "repeat_4d",   # (the same)
-    "cross_entropy_loss_back",                      # its first argument is a scalar gradient
     "dsv4_hc_comb", "dsv4_hc_post", "dsv4_hc_pre",  # ne0 is the hyper-connection count
     "flash_attn_back",                              # head sizes are tied to one another
     "gated_delta_net", "gated_linear_attn", "lightning_indexer", "rwkv_wkv6", "rwkv_wkv7", "ssm_scan",
@@ -192,7 +190,7 @@ def widened_sample(info):
                 continue
             typ = pyggml.Type(a.type)
             shape = np.shape(a.value) or (1,)
-            is_float = typ in FLOAT_TYPES
+            is_float = typ in FLOAT_TYPES and int(np.prod(shape)) > 1     # (a scalar stays one)
             if is_float:
                 shape = shape[:-1] + (shape[-1] * WIDEN,)
             args.append((typ, shape, is_float))

@@ -83,6 +83,32 @@ def test_a_quantized_src0_without_to_float_is_refused_and_really_aborts(op, typ)
     assert kernel_verdict(build) == "abort"
 
 
+@pytest.mark.parametrize("op, verdict", [("add", "out-of-bounds"), ("add1", "abort")])
+@pytest.mark.parametrize("typ", [Type.IQ3_S, Type.IQ2_XXS])
+def test_a_quantized_result_the_cpu_cannot_write_is_refused_and_really_wrong(op, verdict, typ):
+    """The grid IQ types have a to_float but no CPU from_float: add_q_f32 then memcpy's
+    ne0*nb0 bytes of F32 sums into each row (past it), add1_q_f32 calls NULL."""
+    assert not typ.has_cpu_from_float
+
+    def build(ctx):
+        a = ctx.new_tensor(typ, (256, 2))
+        a.blocks()[...] = 0
+        b = ctx.from_numpy(np.ones((2, 256) if op == "add" else (1,), np.float32))
+        return getattr(pyggml, op)(ctx, a, b)
+
+    with pyggml.Context(1 << 20) as ctx:
+        with pytest.raises(pyggml.UpstreamDefect, match="from_float") as e:
+            build(ctx)
+        assert e.value.defect == "add-q-no-from-float"
+        if op == "add":         # into F32 the same kernel is right
+            a = ctx.new_tensor(typ, (256, 2))
+            a.blocks()[...] = 0
+            r = pyggml.add_cast(ctx, a, ctx.from_numpy(np.ones((2, 256), np.float32)), Type.F32)
+            assert np.array_equal(compute(ctx, r), np.ones((2, 256)))
+    # (in the sanitizer build, ASan stops the memcpy past the row first)
+    assert kernel_verdict(build) == ("abort" if pyggml._core.ASAN else verdict)
+
+
 @pytest.mark.parametrize("op", ["add", "add1"])
 def test_a_quantized_src0_with_to_float_is_added(op):
     x = f32(2, 256)

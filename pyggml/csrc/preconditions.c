@@ -50,6 +50,10 @@ int pg_is_dequantizable(enum ggml_type type) {
     return ggml_is_quantized(type) && ggml_get_type_traits(type)->to_float != NULL;
 }
 
+int pg_has_cpu_from_float(enum ggml_type type) {
+    return pyggml_type_has_cpu_from_float((int) type);
+}
+
 const char * pg_type(const struct ggml_tensor * t) {
     return t == NULL ? "NULL" : ggml_type_name(t->type);
 }

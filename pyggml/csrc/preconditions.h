@@ -48,6 +48,7 @@ int pg_rows_contiguous(const struct ggml_tensor * t);    /* nb[0] == type size *
 int pg_contiguous(const struct ggml_tensor * t);         /* ggml_is_contiguous and nb[0] == type size */
 int pg_is_float(enum ggml_type type);                    /* F32, F16 or BF16 */
 int pg_is_dequantizable(enum ggml_type type);            /* quantized, with a to_float (not Q8_1, Q8_K) */
+int pg_has_cpu_from_float(enum ggml_type type);          /* the CPU backend converts F32 rows into it */
 const char * pg_type(const struct ggml_tensor * t);      /* type name, "NULL" for no tensor */
 
 /* checks that return from the rule with a refusal; `i` is the source index (-1: the result) */

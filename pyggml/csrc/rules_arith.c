@@ -36,6 +36,11 @@ static int rule_add1(const struct ggml_tensor * t, pg_why * why) {
     } else if (pg_is_dequantizable(ta)) {
         PG_NEED_TYPE(b, "the scalar (src1) of a quantized src0", tb == GGML_TYPE_F32, why);
         PG_NEED_TYPE(t, "the result (src0's type)", t->type == ta, why);
+        if (!pg_has_cpu_from_float(ta)) {
+            why->defect = PG_DEFECT_ADD_Q_NO_FROM_FLOAT;
+            return pg_refuse(why, "a %s src0: add1_q_f32 writes the sum back with the type's CPU from_float, "
+                             "which %s does not have (a call through NULL)", pg_type(a), pg_type(a));
+        }
         if (!(t->nb[0] <= t->nb[1] && t->nb[1] <= t->nb[2] && t->nb[2] <= t->nb[3])) {
             return pg_refuse(why, "the result's strides must increase");
         }
@@ -141,6 +146,12 @@ int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
         if (tb != GGML_TYPE_F32 || (td != ta && td != GGML_TYPE_F32)) {
             return pg_refuse_type(why, "a quantized src0 (%s) needs an F32 src1 and a result of its own type "
                              "or F32, got src1 %s, result %s", pg_type(a), pg_type(b), pg_type(t));
+        }
+        if (!pg_has_cpu_from_float(td)) {
+            why->defect = PG_DEFECT_ADD_Q_NO_FROM_FLOAT;
+            return pg_refuse(why, "a %s result: add_q_f32 has no CPU from_float for it and copies ne0*nb0 = "
+                             "%lld bytes of F32 sums into each %zu-byte row instead (past the row)", pg_type(t),
+                             (long long) (t->ne[0] * (int64_t) t->nb[0]), ggml_row_size(t->type, t->ne[0]));
         }
         PG_NEED_ROWS(a, "src0", why);
         PG_NEED_ROWS(b, "src1", why);
