@@ -291,7 +291,10 @@ def _cycle():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
-@pytest.mark.parametrize("proven", [False, True], ids=["compute", "proof"])
+@pytest.mark.parametrize("proven", [False, pytest.param(True, marks=pytest.mark.skipif(
+    SANITIZED, reason="550 forks while pytest-xdist's I/O thread runs: ASan's allocator, unlike glibc's, does "
+                      "not reset its locks in the child, which can then hang (one proof of these hung 600 s in a "
+                      "CI run of the sanitizer stage)"))], ids=["compute", "proof"])
 def test_no_memory_grows_over_many_cycles(proven):
     """The compute path, 20,000 cycles with ADD trusted on every build (a prebuilt ggml
     trusts no kernel: proven, the loop took 300 s there), and the forked proof's path,
@@ -308,11 +311,9 @@ def test_no_memory_grows_over_many_cycles(proven):
         # 64-byte object a cycle 1.2 MiB over the compute loop; a proof's leaked worker
         # thread stack or task, a few pages a cycle, several MiB over the proof loop.
         # Under ASan (scripts/sanitize.py) freed memory stays in a 1 GiB quarantine, about
-        # 1,000 of these 1 MiB pools: the compute loop's 2,000 warm-up cycles fill it, the
-        # proof loop's 50 do not (measured there: RSS grows 175 KB a cycle up to about
-        # 1,000 cycles, then stays flat), so only the file descriptors are checked there
-        if not (proven and SANITIZED):
-            assert rss_bytes() - before < 1 << 20
+        # 1,000 of these 1 MiB pools: the compute loop's 2,000 warm-up cycles fill it (the
+        # proof loop does not run there)
+        assert rss_bytes() - before < 1 << 20
         assert len(os.listdir("/proc/self/fd")) == fds      # the proof's pipe is closed
     finally:
         _core._set_kernel_untrusted(pyggml.Op.ADD, was)

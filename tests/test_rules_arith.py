@@ -105,8 +105,9 @@ def test_a_quantized_result_the_cpu_cannot_write_is_refused_and_really_wrong(op,
             a.blocks()[...] = 0
             r = pyggml.add_cast(ctx, a, ctx.from_numpy(np.ones((2, 256), np.float32)), Type.F32)
             assert np.array_equal(compute(ctx, r), np.ones((2, 256)))
-    # (in the sanitizer build, ASan stops the memcpy past the row first)
-    assert kernel_verdict(build) == ("abort" if pyggml._core.ASAN else verdict)
+    # (in the sanitizer build, ASan stops the memcpy past the row first where it lands in a
+    # poisoned byte, and the proof's guard page where it does not: both seen in CI)
+    assert kernel_verdict(build) in (("abort", verdict) if pyggml._core.ASAN else (verdict,))
 
 
 @pytest.mark.parametrize("op", ["add", "add1"])
