@@ -64,6 +64,16 @@ def test_add1_types_the_kernel_does_not_take(a_type, b_type):
         assert kernel_verdict(build) == "abort"
 
 
+def _add_to_quantized(op, typ):
+    """A build of op (add or add1) of a zeroed 256x2 tensor of typ and F32 ones."""
+    def build(ctx):
+        a = ctx.new_tensor(typ, (256, 2))
+        a.blocks()[...] = 0
+        b = ctx.from_numpy(np.ones((2, 256) if op == "add" else (1,), np.float32))
+        return getattr(pyggml, op)(ctx, a, b)
+    return build
+
+
 @pytest.mark.parametrize("op", ["add", "add1"])
 @pytest.mark.parametrize("typ", [Type.Q8_1, Type.Q8_K])
 def test_a_quantized_src0_without_to_float_is_refused_and_really_aborts(op, typ):
@@ -71,11 +81,7 @@ def test_a_quantized_src0_without_to_float_is_refused_and_really_aborts(op, typ)
     type with a to_float and abort on the others (the dot-product-only Q8_1 and Q8_K),
     which pyggml's rule let through and which killed the interpreter (found by
     tests/test_opinfo.py's quantized type check)."""
-    def build(ctx):
-        a = ctx.new_tensor(typ, (256, 2))
-        a.blocks()[...] = 0
-        b = ctx.from_numpy(np.ones((2, 256) if op == "add" else (1,), np.float32))
-        return getattr(pyggml, op)(ctx, a, b)
+    build = _add_to_quantized(op, typ)
 
     with pyggml.Context(1 << 20) as ctx:
         with pytest.raises(pyggml.GGMLTypeError, match=f"(?i){op} node refused.*{typ.name}"):
@@ -90,11 +96,7 @@ def test_a_quantized_result_the_cpu_cannot_write_is_refused_and_really_wrong(op,
     ne0*nb0 bytes of F32 sums into each row (past it), add1_q_f32 calls NULL."""
     assert not typ.has_cpu_from_float
 
-    def build(ctx):
-        a = ctx.new_tensor(typ, (256, 2))
-        a.blocks()[...] = 0
-        b = ctx.from_numpy(np.ones((2, 256) if op == "add" else (1,), np.float32))
-        return getattr(pyggml, op)(ctx, a, b)
+    build = _add_to_quantized(op, typ)
 
     with pyggml.Context(1 << 20) as ctx:
         with pytest.raises(pyggml.UpstreamDefect, match="from_float") as e:
