@@ -8,7 +8,7 @@ import pytest
 import pyggml
 from pyggml import Type, _core
 from pyggml.opinfo.harness import rules_disabled
-from sizes import LONG_N, SANITIZED
+from sizes import FORKS_WHILE_THREADS_ALLOCATE, LONG_N, SANITIZED
 
 
 def test_compute_and_nodes(ctx, rng):
@@ -292,9 +292,7 @@ def _cycle():
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
 @pytest.mark.parametrize("proven", [False, pytest.param(True, marks=pytest.mark.skipif(
-    SANITIZED, reason="550 forks while pytest-xdist's I/O thread runs: ASan's allocator, unlike glibc's, does "
-                      "not reset its locks in the child, which can then hang (one proof of these hung 600 s in a "
-                      "CI run of the sanitizer stage)"))], ids=["compute", "proof"])
+    SANITIZED, reason=FORKS_WHILE_THREADS_ALLOCATE))], ids=["compute", "proof"])
 def test_no_memory_grows_over_many_cycles(proven):
     """The compute path, 20,000 cycles with ADD trusted on every build (a prebuilt ggml
     trusts no kernel: proven, the loop took 300 s there), and the forked proof's path,

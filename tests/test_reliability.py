@@ -12,7 +12,7 @@ import pytest
 import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import rules_disabled
-from sizes import LONG_N, long_depth
+from sizes import FORKS_WHILE_THREADS_ALLOCATE, LONG_N, long_depth
 
 
 def run_isolated(code, timeout=120):
@@ -49,8 +49,7 @@ def test_gradients_outlive_the_forward_context():
     assert out.strip() == "[2.0, 4.0, 6.0]"
 
 
-@pytest.mark.skipif(pyggml._core.ASAN, reason="forks while another thread runs: ASan's allocator, unlike glibc's, "
-                    "does not reset its locks in the child, which can then hang")
+@pytest.mark.skipif(pyggml._core.ASAN, reason=FORKS_WHILE_THREADS_ALLOCATE)
 def test_one_graph_computes_in_one_thread_at_a_time_even_while_it_is_proven():
     # the first compute of a graph with an op pyggml has no rule for is proven in a fork;
     # the graph is busy from the start, so a second thread is refused, never overlaps
@@ -110,6 +109,7 @@ def test_closing_a_context_while_another_thread_builds_its_backward_pass():
     assert set(eval(out)) <= {"ContextClosedError"}
 
 
+@pytest.mark.skipif(pyggml._core.ASAN, reason=FORKS_WHILE_THREADS_ALLOCATE)
 def test_signals_during_the_forked_proof_do_not_turn_a_refusal_into_an_abort():
     # a 0.5 ms interval timer with a no-op handler (what a sampling profiler does): the
     # proof's read and waitpid are retried on EINTR, the child is reaped
