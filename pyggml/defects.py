@@ -113,6 +113,21 @@ def _probe_cpy_to_q_work():
     return _verdict(build)
 
 
+def _probe_add_q_no_from_float():
+    import numpy as np
+
+    import pyggml
+
+    # add1 of a zeroed IQ2_XXS row and 1: the pinned kernel calls the NULL from_float (a
+    # SIGSEGV in the child, "abort"); a kernel that checks it aborts or refuses ("abort"
+    # too); one that writes the row through a fallback computes it ("ok")
+    def build(ctx):
+        a = ctx.new_tensor(pyggml.Type.IQ2_XXS, (256, 1))
+        a.blocks()[...] = 0
+        return pyggml.add1(ctx, a, ctx.from_numpy(np.ones(1, np.float32)))
+    return _verdict(build)
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="rope-ndims0-hang",
@@ -362,8 +377,11 @@ DEFECTS: tuple[Defect, ...] = (
               "ggml_compute_forward_add1_q_f32 calls the type's from_float unchecked. Both switches list "
               "IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ1_M, IQ3_S and IQ2_S, which have none",
         action="refused with UpstreamDefect where the result is such a type (into F32, ADD is right); "
-               "tests/test_rules_arith.py shows the write past the result and the abort, rules off",
+               "tests/test_rules_arith.py shows the write past the result and the abort, rules off; "
+               "docs/upstream-defect-add-q-no-from-float.md is the write-up",
         seen_in=("0.20.2",),
+        probe=_probe_add_q_no_from_float,
+        probe_unit="kernel verdict, rules off, of add1(iq2_xxs[256] zeroed, f32[1]) ('ok': fixed)",
     ),
     Defect(
         id="q1-0-dot-misaligned-load",
