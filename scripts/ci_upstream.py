@@ -941,7 +941,9 @@ def _diff(workdir: Path, a: Path, b: Path) -> list[dict] | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ggml", action="append", metavar="SPEC",
-                    help="vendored[@ISA] | pypi:libggml-python==X | src:PATH[@ISA] | prefix:PATH (repeatable)")
+                    help="vendored | pypi:libggml-python==X | sdist:PACKAGE==X | src:PATH | prefix:PATH | "
+                         "patched:vendored | patched:src:PATH; a source build (vendored, sdist:, src:, patched:) "
+                         "may add +BACKEND and @ISA (repeatable)")
     ap.add_argument("--json", metavar="PATH", help="write the matrix as JSON")
     ap.add_argument("--html", metavar="PATH", help="write the matrix as a self-contained HTML report")
     ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "ci-upstream",
