@@ -29,6 +29,9 @@ class Defect:
     # ("check:function") that let a sanitized build (scripts/sanitize.py) run past it and no
     # further (anything else UBSan reports stays fatal)
     ubsan: tuple[str, ...] = ()
+    # the first release measured (by the probe, or the test that shows it) where it is gone,
+    # after the releases in seen_in; "" while every release measured has it
+    fixed_in: str = ""
 
     def run_probe(self):
         """The probe's measurement on the linked ggml (None: not applicable here)."""
@@ -585,7 +588,7 @@ def get(defect_id: str) -> Defect:
 
 def known_defects() -> list[dict]:
     """known_defects() -> list of dict: every known upstream defect (id, title, ops, where,
-    action, seen_in, probe_unit), as recorded in :mod:`pyggml.defects`."""
+    action, seen_in, fixed_in, probe_unit, ubsan), as recorded in :mod:`pyggml.defects`."""
     return [d.as_dict() for d in DEFECTS]
 
 

@@ -81,6 +81,33 @@ def test_probes_measure_the_linked_ggml():
         assert found["add-q-no-from-float"] == "abort"
 
 
+def _release(version):
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def test_the_releases_a_record_names_agree_with_its_probe_here():
+    """seen_in and fixed_in are measurements: on a release a record names, its probe
+    measures the same again (a tree scripts/patch_upstream.py fixed measures it gone)."""
+    here = pyggml.ggml_version()
+    source = pyggml.build_info()["ggml_source"]
+    patched = set(source.partition("patched by scripts/patch_upstream.py: ")[2].strip().split(", ")) - {""}
+    named = 0
+    for d in defects.DEFECTS:
+        if d.fixed_in:
+            assert d.seen_in and all(_release(v) < _release(d.fixed_in) for v in d.seen_in), d.id
+        found = defects.measures_defect(d.run_probe())
+        if found is None:
+            continue
+        if d.id in patched or (d.fixed_in and _release(here) >= _release(d.fixed_in)):
+            assert found is False, f"{d.id}: recorded fixed here ({here}), the probe measures it"
+            named += 1
+        elif here in d.seen_in:
+            assert found is True, f"{d.id}: recorded as seen in {here}, the probe does not measure it"
+            named += 1
+    if here == "0.20.2":
+        assert named >= 6           # every probe but rope-ndims0-hang's (0.25.3 only)
+
+
 @pytest.mark.parametrize("measurement, present", [("ok", False), ("abort", True), ("out-of-bounds", True),
                                                   (0, False), (64, True), (None, None)])
 def test_a_probe_that_measures_a_fixed_kernel_reads_as_absent(measurement, present):
