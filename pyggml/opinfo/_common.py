@@ -126,3 +126,33 @@ def rope_ndims0_defect(op: str = "ROPE") -> str:
     rule then refuses it; "" where the kernel is the pinned one (it copies the row)."""
     from pyggml._core import kernel_trust
     return "rope-ndims0-hang" if op in kernel_trust()["untrusted"] else ""
+
+
+# the quantized types the CPU writes F32 rows into (the CPU backend's from_float: cpy, cast,
+# set_rows, and add and add1 into a quantized a's type), compared exactly with ggml's own
+# quantization of the same rows (pyggml.quantize, bit for bit gguf-py's where gguf quantizes:
+# tests/test_quant.py). Not IQ4_NL: its CPU row
+# quantizer is not its chunk quantizer (no search; 62 % of blocks differ on normal data), and
+# nothing else computes the former. Not Q8_1 and Q8_K: nothing reads them back.
+CONVERTED = tuple(t for t in quantized_but(*SLOW_TO_QUANTIZE)
+                  if t.has_cpu_from_float and t.name != "IQ4_NL")
+IQ4_NL_WHY = ("into IQ4_NL: the CPU's row quantizer (no search) is not ggml_quantize_chunk's, which pyggml.quantize "
+              "runs (62 % of blocks differ on normal data, mean squared error 0.0248 against 0.0232): no "
+              "independent reference computes it")
+
+
+def round_trip(x: np.ndarray, t: Type) -> np.ndarray:
+    """x (rows along the last axis) as ggml stores it in the quantized type t: its own
+    quantization of the F32 values, and back, as float64."""
+    import pyggml
+    rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    q = pyggml.quantize(t, rows)
+    return pyggml.dequantize(t, q, rows.shape).reshape(x.shape).astype(np.float64)
+
+
+CONVERT_NOTE = ("a quantized result is compared exactly with ggml's own quantization of the same F32 rows "
+                "(pyggml.quantize, checked bit for bit against gguf-py in tests/test_quant.py where gguf quantizes), "
+                "but Q8_0: the CPU's x86 quantizer rounds halves to even where ggml's reference quantizer rounds "
+                "them away from zero, and BF16 sources (8 significant bits) hit such halves (measured NMSE "
+                "2.6e-6, a step at a few values), hence 1e-5")
+CONVERT_TOL = {Type.Q8_0: 1e-5}

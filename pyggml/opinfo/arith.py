@@ -6,8 +6,9 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import (FLOATS, SLOW_TO_QUANTIZE, broadcast_pairs, normal, quantized_but, tile_to,
-                                   unary_samples, unsampled)
+from pyggml.opinfo._common import (CONVERT_NOTE, CONVERT_TOL, CONVERTED, FLOATS, IQ4_NL_WHY, SLOW_TO_QUANTIZE,
+                                   broadcast_pairs, normal, quantized_but, round_trip, tile_to, unary_samples,
+                                   unsampled)
 
 
 def _binary(rng, t, denominator=False, broadcast_grad_defect=""):
@@ -59,12 +60,6 @@ def _add_id_samples(rng, t):
     yield Sample((Arg(a, t), Arg(b, t), Arg(ids, Type.I32)), "4 tokens x 3 used of 5")
 
 
-def _add1_samples(rng, t):
-    for shape in ((7,), (3, 5), (2, 3, 4)):
-        yield Sample((Arg(normal(rng, shape), t), Arg(normal(rng, (1,)), Type.F32 if t != Type.F32 else t)),
-                     f"{shape} + scalar", grad_defect="add1-grad-mean")
-
-
 def _ref_acc(a, b, nb1, nb2, nb3, offset):
     """a copy of a, and the view of it at byte offset with byte strides nb1..3 (ggml's
     view of F32 elements) gets b added."""
@@ -107,22 +102,61 @@ def _fill_samples(rng, t):
         yield Sample(s.args + (3.25,), s.name)
 
 
-# add_q_f32 (a quantized a, an F32 b of its shape): sampled through add_cast, into an F32 result,
-# for every type; add and add_inplace write a's type, quantizing the sum again
+# add_q_f32 and add1_q_f32 (a quantized a; an F32 b of a's shape, or an F32 scalar): the
+# kernels dequantize a's row, add b in F32 and quantize the sum into a's type with the CPU's
+# from_float. The reference forms the same F32 sum (one IEEE addition per element, as the
+# kernel does) and quantizes it with ggml's own quantizer (round_trip), so the comparison is
+# exact but where the CPU's quantizer is not the reference one (Q8_0: CONVERT_TOL). The same
+# add_q_f32 into F32 is sampled by add_cast for every readable type but the slow ones. Into a
+# type the CPU cannot write the kernels write past the result: defect add-q-no-from-float.
 _ADD_Q = quantized_but(*SLOW_TO_QUANTIZE)
-# (into a type the CPU cannot write, the kernels write past the result: defect add-q-no-from-float)
-_ADD_Q_UNSAMPLED = unsampled((t for t in quantized_but() if t.has_cpu_from_float),
-                             "a quantized a: the same kernel (add_q_f32) is sampled by add_cast into F32 for every "
-                             "type but the slow ones; into a's own type the sum is quantized again by ggml's CPU "
-                             "quantizer, whose rounding a bound would only restate")
-_ADD1_Q_UNSAMPLED = unsampled((t for t in quantized_but() if t.has_cpu_from_float),
-                              "a quantized a (add1_q_f32 into a's own type): the sum is quantized again by ggml's "
-                              "CPU quantizer, whose rounding a bound would only restate; tests/test_rules_arith.py "
-                              "computes Q4_K")
+_INTO_Q_UNSAMPLED = unsampled((t for t in quantized_but() if t.has_cpu_from_float), IQ4_NL_WHY, sampled=CONVERTED)
+_ADD_TYPES = FLOATS + CONVERTED
+_ADD_TOL = CONVERT_TOL
+_ADD_Q_NOTE = ("a quantized a (add_q_f32, add1_q_f32) gets an F32 b and its result is a's type: compared exactly "
+               "with ggml's own quantization of the F32 sum; " + CONVERT_NOTE)
+
+
+def _into_q(a, b, t):
+    """the kernel's F32 sum of a's stored values and b, as ggml stores it in a's type t"""
+    return round_trip(a.astype(np.float32) + np.asarray(b, np.float32), t)
+
+
+def _ref_add(a, b, types):
+    if Type(types[0]).is_quantized:
+        return _into_q(a, b, Type(types[0]))
+    return a + tile_to(b, a.shape)
+
+
+def _add_samples(rng, t):
+    if t.is_quantized:                  # add_q_f32 takes an F32 b of a's shape only
+        yield Sample((Arg(normal(rng, (3, 256)), t), Arg(normal(rng, (3, 256)))), f"{t.name} + F32 of its shape")
+        yield Sample((Arg(normal(rng, (2, 2, 512)), t), Arg(normal(rng, (2, 2, 512)))), f"{t.name} + F32, 3-d")
+        return
+    yield from _binary(rng, t)
+
+
+def _ref_add1(a, b, types):
+    if Type(types[0]).is_quantized:
+        return _into_q(a, np.broadcast_to(b.reshape(-1)[0], a.shape), Type(types[0]))
+    return a + b.reshape(-1)[0]
+
+
+def _add1_samples(rng, t):
+    if t.is_quantized:                  # (add1 of a quantized batch, ne3 > 1, is defect add1-quantized-batch)
+        for shape in ((2, 256), (2, 3, 512)):
+            yield Sample((Arg(normal(rng, shape), t), Arg(normal(rng, (1,)))), f"{t.name} {shape} + scalar")
+        return
+    for shape in ((7,), (3, 5), (2, 3, 4)):
+        yield Sample((Arg(normal(rng, shape), t), Arg(normal(rng, (1,)), Type.F32 if t != Type.F32 else t)),
+                     f"{shape} + scalar", grad_defect="add1-grad-mean")
+
 
 OPINFOS = [
-    _binary_info("add", np.add, grad=True, unsampled=_ADD_Q_UNSAMPLED),
-    _binary_info("add_inplace", np.add, unsampled=_ADD_Q_UNSAMPLED),
+    OpInfo("add", ref=_ref_add, samples=_add_samples, types=_ADD_TYPES, tol=_ADD_TOL, typed_ref=True, grad=True,
+           unsampled=_INTO_Q_UNSAMPLED, note=_ADD_Q_NOTE),
+    OpInfo("add_inplace", ref=_ref_add, samples=_add_samples, types=_ADD_TYPES, tol=_ADD_TOL, typed_ref=True,
+           unsampled=_INTO_Q_UNSAMPLED, note=_ADD_Q_NOTE),
     _binary_info("sub", np.subtract, grad=True, broadcast_grad_defect="sub-div-broadcast-grad"),
     _binary_info("sub_inplace", np.subtract),
     _binary_info("mul", np.multiply, grad=True),
@@ -134,10 +168,10 @@ OPINFOS = [
            note="the type is a's (ggml_add_cast asserts a quantized, F16 or BF16 a); the result of an F16/BF16 "
                 "a may round to that type; a quantized a is dequantized exactly into the F32 result"),
     OpInfo("add_id", ref=_ref_add_id, samples=_add_id_samples, grad=False),
-    OpInfo("add1", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS, grad=True,
-           unsampled=_ADD1_Q_UNSAMPLED),
-    OpInfo("add1_inplace", ref=lambda a, b: a + b.reshape(-1)[0], samples=_add1_samples, types=FLOATS,
-           unsampled=_ADD1_Q_UNSAMPLED),
+    OpInfo("add1", ref=_ref_add1, samples=_add1_samples, types=_ADD_TYPES, tol=_ADD_TOL, typed_ref=True, grad=True,
+           unsampled=_INTO_Q_UNSAMPLED, note=_ADD_Q_NOTE),
+    OpInfo("add1_inplace", ref=_ref_add1, samples=_add1_samples, types=_ADD_TYPES, tol=_ADD_TOL, typed_ref=True,
+           unsampled=_INTO_Q_UNSAMPLED, note=_ADD_Q_NOTE),
     OpInfo("acc", ref=_ref_acc, samples=_acc_samples, grad=True),
     OpInfo("acc_inplace", ref=_ref_acc, samples=_acc_samples),
     OpInfo("scale", ref=lambda a, s: a * np.float32(s), samples=_scale_samples, grad=True),
