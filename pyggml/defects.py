@@ -164,7 +164,7 @@ DEFECTS: tuple[Defect, ...] = (
               "(ne3) to the next by q's head count, where k's and v's (kvne2) belong",
         action="refused with UpstreamDefect (ne3 > 1 and kvne2 < ne2); attention_backward computes "
                "each batch as its own node",
-        seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2"),
+        seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2", "0.25.3"),
         probe=_probe_fab_batch_gqa_oob,
         probe_unit="bytes written past the result (D=16, N=M=6, ne2=4, kvne2=2, ne3=2; 0: fixed)",
     ),
@@ -347,7 +347,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_set_f32/_i32: GGML_ASSERT(offset + sum (ne_i-1)*nb_i <= "
               "nbytes) checks where the last element starts (ACC uses <)",
         action="refused with UpstreamDefect when b's last element would end past a (tests/test_rules_layout.py)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
         probe=_probe_set_bounds,
         probe_unit="kernel verdict, rules off, of set_1d(a[1024], b[1], offset 4096) ('ok': fixed)",
     ),
@@ -357,7 +357,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("PAD",),
         where="ggml-cpu/ops.cpp ggml_wrap_around: (i - lp + ne) % ne is negative for i < lp - ne",
         action="refused with UpstreamDefect when a left pad exceeds its extent (right pads wrap correctly)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
         probe=_probe_pad_circular,
         probe_unit="kernel verdict, rules off, of pad_ext_circular of a 32x32 tensor by (64, 1) ('ok': fixed)",
     ),
@@ -382,7 +382,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect where the result is such a type (into F32, ADD is right); "
                "tests/test_rules_arith.py shows the write past the result and the abort, rules off; "
                "docs/upstream-defect-add-q-no-from-float.md is the write-up",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
         probe=_probe_add_q_no_from_float,
         probe_unit="kernel verdict, rules off, of add1(iq2_xxs[256] zeroed, f32[1]) ('ok': fixed)",
     ),
@@ -436,7 +436,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp dup_to_q uses ne00 + 16 floats per thread; ggml_graph_plan sizes the buffer "
               "from the result's ne0",
         action="refused with UpstreamDefect when src0's rows are longer than the result's",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
         probe=_probe_cpy_to_q_work,
         probe_unit="kernel verdict, rules off, of cpy(f32[512], q8_0[32, 16]) ('ok': fixed)",
     ),
@@ -571,7 +571,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu.c ggml_graph_plan reserves 4*max(D, Mup)*n_tasks floats; the kernel gives thread "
               "ith the floats from ith*2*(max(D, Mup) + CACHE_LINE_SIZE_F32)",
         action="pyggml allocates the work buffer itself, sized for the kernel (Graph.work_size)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
         probe=_probe_fab_work_size,
         probe_unit="bytes the kernel uses past the plan's buffer (D=M=1, 4 threads; 0: fixed)",
     ),
