@@ -90,7 +90,8 @@ def test_the_releases_a_record_names_agree_with_its_probe_here():
     measures the same again (a tree scripts/patch_upstream.py fixed measures it gone)."""
     here = pyggml.ggml_version()
     source = pyggml.build_info()["ggml_source"]
-    patched = set(source.partition("patched by scripts/patch_upstream.py: ")[2].strip().split(", ")) - {""}
+    # (a source tree's origin ends "...; patched by scripts/patch_upstream.py: ID, ID)")
+    patched = set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)+", source.partition("patched by scripts/patch_upstream.py: ")[2]))
     named = 0
     for d in defects.DEFECTS:
         if d.fixed_in:
