@@ -62,7 +62,7 @@ from pyggml._core import (
     set_param,
 )
 from pyggml._graph import Graph
-from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor
+from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor, proof_timeout, set_proof_timeout
 from pyggml._fab import flash_attn_back_offsets
 from pyggml._backend import Backend, GraphAllocator, Scheduler, backends, compare_graph_backend
 from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
@@ -113,7 +113,7 @@ __all__ = [
     "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
     "attention_backward", "attention_backward_node", "build_info", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
-    "known_defects", "mul_mat_set_prec", "op_coverage", "quantize", "dequantize", "reference", "set_input", "set_loss",
+    "known_defects", "mul_mat_set_prec", "op_coverage", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",
     *_op_names,
 ]

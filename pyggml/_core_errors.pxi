@@ -44,7 +44,9 @@ cdef int raise_status(pyggml_status * st, str where, str detail="", tuple names=
     msg = st.msg.decode("utf-8", "replace").strip()
     if st.node != NULL:
         msg = _refused_node(st.node, msg, names, tensors)
-    text = template.format(where=where, msg=msg, how=st.how, detail=detail, short=short_message(msg),
+    # a proof's time limit is counted in milliseconds, and said in seconds
+    how = f"{st.how / 1000:g}" if extra == "timeout" else st.how
+    text = template.format(where=where, msg=msg, how=how, detail=detail, short=short_message(msg),
                            msg_or_none=msg or "no message")
     if extra is None:
         raise cls(text)
@@ -59,7 +61,7 @@ cdef int raise_status(pyggml_status * st, str where, str detail="", tuple names=
     if extra == "status":
         raise cls(text, msg)
     if extra == "timeout":
-        raise cls(text, msg, float(st.how))
+        raise cls(text, msg, st.how / 1000)
     raise InternalError(f"{where}: the error table's entry for code {st.code} is malformed (please report)")
 
 

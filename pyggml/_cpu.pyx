@@ -141,7 +141,57 @@ cdef class _Proof:
     cdef _ProofTask t
 
 
-cdef int _prove(Graph graph, double timeout_s=PYGGML_PROOF_TIMEOUT_S) except -1:
+# --- the proof's time limit ----------------------------------------------------------
+# A kernel that never returns (a hang upstream, as ROPE's with n_dims = 0 after v0.20.2)
+# costs each proof this long before it becomes a KernelTimeout. The ceiling is the C
+# runtime's PYGGML_PROOF_TIMEOUT_S; a process may lower it (PYGGML_PROOF_LIMIT, read once
+# at import, or set_proof_timeout), as CI does against releases whose kernels may spin.
+
+cdef double _proof_limit = PYGGML_PROOF_TIMEOUT_S
+
+
+cdef double _timeout_arg(object seconds, str where) except -1:
+    cdef double s = arg_float(seconds, "timeout", where)
+    if not (0 < s <= PYGGML_PROOF_TIMEOUT_S):
+        raise ArgumentError(f"{where}: timeout must be in (0, {PYGGML_PROOF_TIMEOUT_S:g}] s, not {seconds!r}")
+    return s
+
+
+cdef double proof_limit() noexcept:
+    return _proof_limit
+
+
+def proof_timeout():
+    """proof_timeout() -> float: the seconds a forked proof's child may run before it is
+    killed and the compute raises KernelTimeout (default 600, the most allowed;
+    ``PYGGML_PROOF_LIMIT`` in the environment at import, or set_proof_timeout)."""
+    return _proof_limit
+
+
+def set_proof_timeout(seconds):
+    """set_proof_timeout(seconds) -> float: set the proof's time limit for this process
+    (every proof from now on: Graph.compute's, a backend's, the optimizer's dry run);
+    returns the previous limit. ``seconds`` must be in (0, 600]."""
+    global _proof_limit
+    cdef double s = _timeout_arg(seconds, "set_proof_timeout"), was = _proof_limit
+    _proof_limit = s
+    return was
+
+
+def _proof_limit_from_environment():
+    v = os.environ.get("PYGGML_PROOF_LIMIT", "").strip()
+    if v:
+        try:
+            seconds = float(v)
+        except ValueError:
+            raise ArgumentError(f"PYGGML_PROOF_LIMIT: not a number of seconds: {v!r}") from None
+        set_proof_timeout(seconds)
+
+
+_proof_limit_from_environment()
+
+
+cdef int _prove(Graph graph, double timeout_s=-1) except -1:
     """Compute once in a forked child, on one thread, with every tensor in guarded
     memory, before computing for real.
 
@@ -159,7 +209,7 @@ cdef int _prove(Graph graph, double timeout_s=PYGGML_PROOF_TIMEOUT_S) except -1:
     cdef _Proof proof = _Proof.__new__(_Proof)
     proof.t.graph = graph.ptr
     proof.t.min_work = _fab_work_size(graph, 1)
-    proof.t.timeout_s = timeout_s
+    proof.t.timeout_s = timeout_s if timeout_s > 0 else _proof_limit
     pyggml_status_clear(&proof.t.status)
     cdef pyggml_async spec
     memset(&spec, 0, sizeof(spec))
@@ -177,15 +227,10 @@ def prove(Graph graph not None, timeout=None):
     graph with every tensor between guard pages), whatever the graph's nodes; raise what
     it finds: GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for an access
     past a tensor, KernelTimeout when the child runs past ``timeout`` seconds (default:
-    the proof's own limit). For tests of the kernel rules (with the rules disabled) and
-    the defect probes."""
+    proof_timeout()). For tests of the kernel rules (with the rules disabled) and the
+    defect probes."""
     graph._check()
-    cdef double limit = PYGGML_PROOF_TIMEOUT_S
-    if timeout is not None:
-        limit = arg_float(timeout, "timeout", "prove")
-        if not (0 < limit <= PYGGML_PROOF_TIMEOUT_S):
-            raise ArgumentError(f"prove: timeout must be in (0, {PYGGML_PROOF_TIMEOUT_S:g}] s, not {timeout!r}")
-    _prove(graph, limit)
+    _prove(graph, _proof_limit if timeout is None else _timeout_arg(timeout, "prove"))
 
 
 def _compute_without_proof(Graph graph not None, n_threads=1):

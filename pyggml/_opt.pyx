@@ -27,7 +27,7 @@ from libc.string cimport memset
 
 from pyggml._core cimport Context, Tensor, need_open, raise_status
 from pyggml._backend cimport Backend, Scheduler, lock_backends, set_callback_holds, unlock_backends
-from pyggml._cpu cimport _need_threads, note_threads, run_interruptibly
+from pyggml._cpu cimport _need_threads, note_threads, proof_limit, run_interruptibly
 from pyggml._graph cimport Graph
 
 import threading
@@ -205,12 +205,13 @@ cdef void _end_epoch(tuple backends) noexcept:
 
 cdef struct _ProbeTask:
     pyggml_opt_probe probe
+    double timeout_s
     pyggml_status status
 
 
 cdef void _probe_task(void * p, const int * abort) noexcept nogil:
     cdef _ProbeTask * t = <_ProbeTask *>p
-    pyggml_opt_dry_run(&t.probe, PYGGML_PROOF_TIMEOUT_S, abort, &t.status)
+    pyggml_opt_dry_run(&t.probe, t.timeout_s, abort, &t.status)
 
 
 @cython.final
@@ -302,6 +303,7 @@ cdef class Optimizer:
         probe.t.probe.params = params
         probe.t.probe.dataset = (<Dataset>probe_set).ptr
         probe.t.probe.cpu = self.scheduler.cpu.ptr
+        probe.t.timeout_s = proof_limit()
         pyggml_status_clear(&probe.t.status)
         cdef pyggml_async spec
         memset(&spec, 0, sizeof(spec))

@@ -278,8 +278,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+# a forked proof's time limit in the specs' environments (pyggml.set_proof_timeout; 600 s
+# otherwise): a kernel that spins on some release costs each test that proves it this
+# long, not ten minutes. A proof that needs longer fails its test with a KernelTimeout
+# that names the limit. The caller's own PYGGML_PROOF_LIMIT wins.
+PROOF_LIMIT_S = 60
+
+
 def clean_env() -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("PYGGML_PROOF_LIMIT", str(PROOF_LIMIT_S))
     # PYGGML_REQUIRE_BROWSER: .ci/run's, for its own environment (the specs' have no browser driver);
     # GIT_*: what git bisect run sets for a step (the upstream worktree's), not pyggml's
     for var in ("PYGGML_GGML", "PYGGML_GGML_SOURCE_DIR", "CMAKE_PREFIX_PATH", "VIRTUAL_ENV", "PYTHONPATH",

@@ -675,3 +675,13 @@ def test_sigterm_during_the_bisection_leaves_the_checkout_alone(upstream, tmp_pa
             proc.kill()
             proc.wait()
     assert_untouched(repo, before, work / "bisect")
+
+
+def test_the_specs_prove_under_a_short_time_limit_unless_the_caller_sets_one(monkeypatch):
+    """A kernel that spins on some release costs each proving test PROOF_LIMIT_S, not the
+    600 s a plain import allows; the caller's own limit is kept."""
+    monkeypatch.delenv("PYGGML_PROOF_LIMIT", raising=False)
+    assert ci.clean_env()["PYGGML_PROOF_LIMIT"] == str(ci.PROOF_LIMIT_S)
+    assert 0 < ci.PROOF_LIMIT_S < 600
+    monkeypatch.setenv("PYGGML_PROOF_LIMIT", "5")
+    assert ci.clean_env()["PYGGML_PROOF_LIMIT"] == "5"

@@ -194,6 +194,56 @@ def test_a_proof_that_runs_past_its_time_is_a_kernel_timeout():
                 pyggml._cpu.prove(g, bad)
 
 
+def test_the_proof_time_limit_is_set_per_process_and_every_proof_keeps_it():
+    """set_proof_timeout lowers the limit of every proof from then on (Graph.compute's
+    own, not only prove's); the error carries the limit, also under a second."""
+    import time
+    was = pyggml.proof_timeout()
+    assert 0 < was <= 600
+    trusted = not _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, True)   # as a changed kernel: proven
+    try:
+        ctx = pyggml.Context(256 << 20)
+        a = ctx.from_numpy(np.ones((1536, 1536), np.float32))
+        t = a
+        for _ in range(4):
+            t = pyggml.mul_mat(ctx, a, t)
+        g = pyggml.Graph(ctx, 16)
+        g.build_forward_expand(t)
+    finally:
+        _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, not trusted)
+    with ctx:
+        assert pyggml.set_proof_timeout(0.05) == was
+        try:
+            assert pyggml.proof_timeout() == pytest.approx(0.05)
+            t0 = time.monotonic()
+            with pytest.raises(pyggml.KernelTimeout, match=r"did not finish in the proof's 0\.05 s") as e:
+                g.compute(1)
+            assert time.monotonic() - t0 < 5
+            assert e.value.seconds == pytest.approx(0.05)
+        finally:
+            assert pyggml.set_proof_timeout(was) == pytest.approx(0.05)
+    for bad in (0, -1, 600.5, float("nan")):
+        with pytest.raises(pyggml.ArgumentError, match=r"set_proof_timeout: timeout must be in \(0, 600\] s"):
+            pyggml.set_proof_timeout(bad)
+    with pytest.raises(pyggml.GGMLTypeError, match="set_proof_timeout: timeout must be a real number"):
+        pyggml.set_proof_timeout("1")
+    assert pyggml.proof_timeout() == was
+
+
+@pytest.mark.parametrize("value, want", [("0.25", "0.25"), (" 30 ", "30.0"), ("600", "600.0"),
+                                         ("soon", "ArgumentError: PYGGML_PROOF_LIMIT: not a number of seconds"),
+                                         ("0", "ArgumentError: set_proof_timeout: timeout must be in (0, 600]"),
+                                         ("601", "ArgumentError: set_proof_timeout: timeout must be in (0, 600]")])
+def test_the_proof_time_limit_comes_from_the_environment_at_import(value, want):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYGGML_PROOF_LIMIT": value}
+    proc = subprocess.run([sys.executable, "-c", "import pyggml; print(pyggml.proof_timeout())"],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert want in (proc.stdout if proc.returncode == 0 else proc.stderr), (proc.stdout, proc.stderr)
+    assert (proc.returncode == 0) == (not want.startswith("ArgumentError")), proc.stderr
+
+
 def test_rope_with_no_rotated_dims_is_refused_where_the_kernel_changed():
     """rope-ndims0-hang: the pinned kernel copies the row for n_dims = 0 (allowed); a changed
     ROPE kernel (upstream's rewritten tail copy) never returns there: refused."""

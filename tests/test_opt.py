@@ -164,3 +164,21 @@ def test_index_ops_are_refused_in_a_trained_graph():
     rows = pyggml.get_rows(compute, table, ids)
     with pytest.raises(ArgumentError, match="reads positions"):
         opt.Optimizer(opt.Scheduler([cpu]), compute, pyggml.reshape_2d(compute, ids, 1, BATCH), rows)
+
+
+def test_the_optimizers_proof_keeps_the_process_time_limit():
+    """ggml-opt's forked dry run (ggml_opt_init, an allocation and one batch) is a proof
+    like Graph.compute's: it keeps set_proof_timeout's limit."""
+    import time
+    cpu = pyggml.Backend()
+    sched = opt.Scheduler([cpu])
+    weights, compute, images, logits = _model(cpu, batch=50_000)       # a batch of ~0.3 GFLOP
+    was = pyggml.set_proof_timeout(0.001)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(pyggml.KernelTimeout, match=r"did not finish in the proof's 0\.001 s"):
+            opt.Optimizer(sched, compute, images, logits)
+        assert time.monotonic() - t0 < 10
+    finally:
+        pyggml.set_proof_timeout(was)
+    opt.Optimizer(sched, compute, images, logits)                   # the same, with the limit back

@@ -44,7 +44,7 @@ enum pyggml_code {
     PYGGML_CRASHED = 8,         /* a guarded call faulted: how is the signal */
     PYGGML_PROOF_SIGNAL = 9,    /* a forked proof's child died of signal how (an abort is SIGABRT) */
     PYGGML_PROOF_EXIT = 10,     /* a forked proof's child exited with status how */
-    PYGGML_PROOF_TIMEOUT = 11,  /* a forked proof's child ran past how seconds (it was killed) */
+    PYGGML_PROOF_TIMEOUT = 11,  /* a forked proof's child ran past how milliseconds (killed) */
     PYGGML_SYSTEM = 12,         /* fork, pipe or a thread could not be made: how is errno */
     PYGGML_COMPUTE_FAILED = 13, /* ggml's compute returned how, a ggml_status other than success */
     PYGGML_OUT_OF_MEMORY = 14,  /* ggml's C++ threw std::bad_alloc, or pyggml's runtime ran out */
@@ -53,7 +53,7 @@ enum pyggml_code {
 };
 typedef struct pyggml_status {
     int code;                           /* enum pyggml_code */
-    int how;                            /* per code: a signal, an exit status, seconds, errno, ggml_status */
+    int how;                            /* per code: a signal, an exit status, milliseconds, errno, ggml_status */
     const char * defect;                /* PYGGML_DEFECT: the id (a PG_DEFECT_* string); else NULL */
     const struct ggml_tensor * node;    /* the node a rule refused, or NULL */
     char msg[PYGGML_MSG_CAP];          /* why, in words; "" if nothing more to say */
