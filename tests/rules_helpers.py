@@ -26,15 +26,20 @@ def refused(build, cls, match, defect=None):
     return e.value
 
 
+def computed(ctx, t, n_threads=1):
+    """t's values after computing its graph, as float64 whatever its type (harness.read:
+    BF16 and quantized results dequantized)"""
+    g = pyggml.Graph(ctx, 64)
+    g.build_forward_expand(t)
+    g.compute(n_threads)
+    return read(t)
+
+
 def compute_unchecked(build, n_threads=1):
     """The values of ``build(ctx)``'s node computed with the rules off (the graph is
     proven first: a refusal the proof turns into an exception is not a wrong value)."""
     with rules_disabled(), pyggml.Context(SCRATCH) as ctx:
-        t = build(ctx)
-        g = pyggml.Graph(ctx, 64)
-        g.build_forward_expand(t)
-        g.compute(n_threads)
-        return read(t)
+        return computed(ctx, build(ctx), n_threads)
 
 
 # --- refusing and computing: [math], [activation], [glu], [reduce], [norm] ----------------------

@@ -7,18 +7,12 @@ import pytest
 
 import pyggml
 from pyggml import Type
-from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
+from pyggml.opinfo.harness import kernel_verdict, rules_disabled
+from rules_helpers import computed
 
 
 def f32(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def compute(ctx, t):
-    g = pyggml.Graph(ctx)
-    g.build_forward_expand(t)
-    g.compute(1)
-    return read(t)
 
 
 def test_add1_of_a_quantized_batch_is_refused_and_really_wrong():
@@ -34,9 +28,9 @@ def test_add1_of_a_quantized_batch_is_refused_and_really_wrong():
             build(ctx)
         assert e.value.defect == "add1-quantized-batch"
         one = pyggml.add1(ctx, ctx.from_numpy(q[:1], type=Type.Q8_0), ctx.from_numpy(np.array([1.5], np.float32)))
-        np.testing.assert_allclose(compute(ctx, one), want[0, 0], atol=0.05)   # ne3 = 1: right
+        np.testing.assert_allclose(computed(ctx, one), want[0, 0], atol=0.05)   # ne3 = 1: right
     with rules_disabled(), pyggml.Context(1 << 20) as ctx:
-        got = compute(ctx, build(ctx))
+        got = computed(ctx, build(ctx))
     # batch 1 lands on the wrong rows: its own rows keep whatever the pool held (NaN too)
     assert not np.allclose(got[1], want[1], rtol=0, atol=1.0)
 
@@ -59,7 +53,7 @@ def test_add1_types_the_kernel_does_not_take(a_type, b_type):
     if a_type == Type.F32:
         # add1_f32 reads the F16 scalar's bits as a float: no abort, a wrong value
         with rules_disabled(), pyggml.Context(1 << 20) as ctx:
-            assert not np.allclose(compute(ctx, build(ctx)), 2.0)
+            assert not np.allclose(computed(ctx, build(ctx)), 2.0)
     else:
         assert kernel_verdict(build) == "abort"
 
@@ -106,7 +100,7 @@ def test_a_quantized_result_the_cpu_cannot_write_is_refused_and_really_wrong(op,
             a = ctx.new_tensor(typ, (256, 2))
             a.blocks()[...] = 0
             r = pyggml.add_cast(ctx, a, ctx.from_numpy(np.ones((2, 256), np.float32)), Type.F32)
-            assert np.array_equal(compute(ctx, r), np.ones((2, 256)))
+            assert np.array_equal(computed(ctx, r), np.ones((2, 256)))
     # (in the sanitizer build, ASan stops the memcpy past the row first where it lands in a
     # poisoned byte, and the proof's guard page where it does not: both seen in CI)
     assert kernel_verdict(build) in (("abort", verdict) if pyggml._core.ASAN else (verdict,))
@@ -118,7 +112,7 @@ def test_a_quantized_src0_with_to_float_is_added(op):
     q = pyggml.quantize(Type.Q4_K, x)
     with pyggml.Context(1 << 20) as ctx:
         b = ctx.from_numpy(np.full((2, 256) if op == "add" else (1,), 0.5, np.float32))
-        got = compute(ctx, getattr(pyggml, op)(ctx, ctx.from_numpy(q, type=Type.Q4_K), b))
+        got = computed(ctx, getattr(pyggml, op)(ctx, ctx.from_numpy(q, type=Type.Q4_K), b))
     # the sum is quantized again (Q4_K, as a): within the type's step of the exact sum
     want = pyggml.dequantize(Type.Q4_K, q, x.shape) + 0.5
     assert got.shape == x.shape and np.abs(got - want).max() < 0.25
@@ -140,7 +134,7 @@ def test_acc_past_the_end_is_refused_and_really_out_of_bounds():
         with pytest.raises(pyggml.ArgumentError, match="offset must be in .0, 2..31 - 1. .bytes: ggml keeps it in an int32"):
             pyggml.acc(ctx, ctx.from_numpy(np.zeros((2, 4), np.float32)), ctx.from_numpy(np.ones(1, np.float32)),
                        16, 32, 32, 1 << 31)
-        out = compute(ctx, build(ctx, 28))         # the last float, exactly: accepted and right
+        out = computed(ctx, build(ctx, 28))         # the last float, exactly: accepted and right
         assert out.reshape(-1)[-1] == 1.0 and out.sum() == 1.0
     # (in the sanitizer build, UBSan stops the misaligned float store at byte 29 first)
     assert kernel_verdict(lambda c: build(c, 29)) == ("abort" if pyggml._core.ASAN else "out-of-bounds")

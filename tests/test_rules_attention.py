@@ -18,7 +18,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo import attention as A
 from pyggml.opinfo.harness import kernel_verdict, nmse, read, rules_disabled
-from rules_helpers import refused
+from rules_helpers import compute_unchecked, refused
 
 RNG = np.random.default_rng(20260514)
 
@@ -29,17 +29,6 @@ def f32(*shape):
 
 def positions(n):
     return RNG.integers(-8, 40, n).astype(np.int32)
-
-
-def compute_rules_off(build, n_threads=1):
-    """The node build(ctx) returns, computed with pyggml's rules off (its graph is proven
-    in a guarded child first, as for any unchecked op): its values, float64."""
-    with rules_disabled(), pyggml.Context(64 << 20) as ctx:
-        t = build(ctx)
-        g = pyggml.Graph(ctx, 64)
-        g.build_forward_expand(t)
-        g.compute(n_threads)
-        return read(t)
 
 
 
@@ -92,7 +81,7 @@ def test_rope_positions_must_be_contiguous():
         assert b.nb[0] == 8
         return pyggml.rope(ctx, ctx.from_numpy(x), b, 8, 0)
     refused(build, pyggml.KernelPreconditionError, r"the positions \(src1\) must have contiguous rows")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     want = A.rope_reference(x, pos, None, 8, None, 0)
     assert nmse(got, want) > 1e-2
     read_as = pairs.reshape(-1)[:4]                                   # p0, 1000+p0, p1, 1000+p1
@@ -156,7 +145,7 @@ def test_rope_vision_section_after_an_empty_one():
     build = rope_build(x, pos, 4, A.ROPE_VISION, sections=(2, 0, 2, 0))
     refused(build, pyggml.UpstreamDefect, r"VISION sections \(2, 0, 2, 0\): a section after an empty one",
             defect="rope-vision-section-reset")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     want = A.rope_reference(x, pos, None, 4, (2, 0, 2, 0), A.ROPE_VISION)
     bad = ~np.isclose(got, want, rtol=1e-5, atol=1e-6)
     assert bad[..., [2, 3, 6, 7]].any() and not bad[..., [0, 1, 4, 5]].any()   # the w pairs (2, 6), (3, 7)
@@ -242,7 +231,7 @@ def test_rope_odd_ne0_inside_a_tensor_turns_the_wrong_elements():
     pos = positions(8)
     build = rope_build(x, pos, 4, A.ROPE_VISION, sections=(2, 2, 0, 0))
     refused(build, pyggml.UpstreamDefect, r"ne0 = 9 is odd", defect="rope-odd-ne0")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     want = A.rope_reference(x, pos, None, 4, (2, 2, 0, 0), A.ROPE_VISION)   # element 8 unpaired: copied
     bad = ~np.isclose(got, want, rtol=1e-5, atol=1e-6)
     assert bad[..., 4].all() and bad[..., 8].all() and not bad[..., [0, 1, 2, 3, 5, 6, 7]].any()
@@ -261,7 +250,7 @@ def test_rope_freq_factors_must_be_contiguous():
         c = pyggml.transpose(ctx, pyggml.view_2d(ctx, ctx.from_numpy(pairs), 1, 4, 8, 0))   # ne (4, 1), nb (8, 4)
         return pyggml.rope_ext(ctx, ctx.from_numpy(x), ctx.from_numpy(pos), c, 8, 0, *A._PLAIN)
     refused(build, pyggml.KernelPreconditionError, r"the frequency factors \(src2\) must have contiguous rows")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     assert nmse(got, A.rope_reference(x, pos, ff, 8, None, 0)) > 1e-3
     assert nmse(got, A.rope_reference(x, pos, pairs.reshape(-1)[:4], 8, None, 0)) < 1e-10
 
@@ -416,7 +405,7 @@ def test_get_rel_pos_bf16_result_holds_bf16_bits():
         return pyggml.get_rel_pos(ctx, ctx.from_numpy(bits, type=Type.BF16), 3, 3)
     refused(build, pyggml.UpstreamDefect, r"a BF16 src0 is copied bit for bit into the f16 result",
             defect="get-rel-pos-bf16")
-    got = compute_rules_off(build)                                    # an F16 tensor
+    got = compute_unchecked(build)                                    # an F16 tensor
     table = pyggml.dequantize(Type.BF16, bits, x.shape).astype(np.float64)
     want = A._ref_get_rel_pos(table, 3, 3)
     assert nmse(got, want) > 1e-1
@@ -430,7 +419,7 @@ def test_get_rel_pos_packed_rows():
         a = pyggml.view_2d(ctx, ctx.from_numpy(x), 4, 5, 16, 0)      # rows of 4 of 8: nb1 = 16
         return pyggml.get_rel_pos(ctx, a, 3, 3)
     refused(build, pyggml.KernelPreconditionError, r"src0 must have packed rows")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     assert nmse(got, A._ref_get_rel_pos(x[:, :4].astype(np.float64), 3, 3)) > 1e-2
     np.testing.assert_array_equal(got, A._ref_get_rel_pos(x.reshape(-1)[:20].reshape(5, 4), 3, 3))
 
@@ -454,7 +443,7 @@ def test_add_rel_pos_ignores_a_ne3():
     def build(ctx):
         return pyggml.add_rel_pos(ctx, ctx.from_numpy(a), ctx.from_numpy(pw), ctx.from_numpy(ph))
     refused(build, pyggml.UpstreamDefect, r"src0 has ne\[3\] = 2", defect="add-rel-pos-ne3")
-    got = compute_rules_off(build)
+    got = compute_unchecked(build)
     np.testing.assert_allclose(got[0], A._ref_add_rel_pos(a[0], pw, ph), rtol=1e-6)
     np.testing.assert_array_equal(got[1], a[1])                       # untouched
 

@@ -21,7 +21,7 @@ import pyggml
 from pyggml import OpPool, Type
 from pyggml.opinfo import conv as C
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
-from rules_helpers import refused
+from rules_helpers import compute_unchecked, computed, refused
 
 F32, F16 = np.float32, np.float16
 ALIGN = int(pyggml.ScaleFlag.ALIGN_CORNERS)
@@ -43,19 +43,6 @@ def bf16(ctx, shape, seed=0):
     return pyggml.cast(ctx, rand(ctx, shape, seed=seed), Type.BF16)
 
 
-
-
-def compute(ctx, t):
-    g = pyggml.Graph(ctx, 64)
-    g.build_forward_expand(t)
-    g.compute(1)
-    return read(t)
-
-
-def compute_unchecked(build):
-    """The node's values with the rules off (computed after its guarded proof)."""
-    with rules_disabled(), pyggml.Context(64 << 20) as ctx:
-        return compute(ctx, build(ctx))
 
 
 def _compute_on(cpu, ctx, t, inputs, no_alloc):
@@ -157,7 +144,7 @@ def test_im2col_2d_data_rows_packed():
         base = rand(ctx, (1, 2, 16))
         return pyggml.view_3d(ctx, base, 8, 2, 1, base.nb[1], base.nb[2], 0)
     with pyggml.Context(1 << 20) as ctx:
-        compute(ctx, _im2col(b1, is_2d=False)(ctx))
+        computed(ctx, _im2col(b1, is_2d=False)(ctx))
 
 
 # --- IM2COL_3D ---------------------------------------------------------------------------------------
@@ -351,7 +338,7 @@ def test_conv_2d_dw_direct_channels_first_kernel_order():
     assert kernel_verdict(_dw(b=b)) == "abort"
     with pyggml.Context(1 << 20) as ctx:       # the layout the kernel takes: right values
         k, x = vals((3, 1, 3, 3)), vals((2, 3, 5, 6))
-        got = compute(ctx, pyggml.conv_2d_dw_direct(ctx, cwhn_kernel(ctx, k), cwhn(ctx, x), 1, 1, 1, 1, 1, 1))
+        got = computed(ctx, pyggml.conv_2d_dw_direct(ctx, cwhn_kernel(ctx, k), cwhn(ctx, x), 1, 1, 1, 1, 1, 1))
         np.testing.assert_allclose(got, C._ref_conv_2d_dw(stored(k), stored(x), 1, 1, 1, 1, 1, 1), atol=1e-5)
 
 
@@ -539,7 +526,7 @@ def test_pool_2d_fractional_padding_is_an_upstream_defect():
             "gives 3", "pool-2d-fractional-padding")
     np.testing.assert_array_equal(compute_unchecked(build).ravel(), [1.5, 2.5, 3.5, 2.0])
     with pyggml.Context(1 << 20) as ctx:     # a fraction that does not change the size: as its whole part
-        np.testing.assert_array_equal(compute(ctx, build(ctx, 0.25)).ravel(), [1.5, 2.5, 3.5])
+        np.testing.assert_array_equal(computed(ctx, build(ctx, 0.25)).ravel(), [1.5, 2.5, 3.5])
 
 
 # --- UPSCALE -----------------------------------------------------------------------------------------
@@ -565,7 +552,7 @@ def test_upscale_nearest_index_rounding_is_an_upstream_defect():
             pyggml.UpstreamDefect, "dim 2 resized 14 -> 2", "upscale-nearest-index-rounding")
     with pyggml.Context(1 << 20) as ctx:     # 14 -> 7 is exact: accepted
         np.testing.assert_array_equal(
-            compute(ctx, pyggml.interpolate(ctx, ctx.from_numpy(x), 7, 1, 1, 1, 0)).ravel(), [0, 2, 4, 6, 8, 10, 12])
+            computed(ctx, pyggml.interpolate(ctx, ctx.from_numpy(x), 7, 1, 1, 1, 0)).ravel(), [0, 2, 4, 6, 8, 10, 12])
 
 
 @needs_antialias
@@ -580,7 +567,7 @@ def test_upscale_antialias_with_aligned_corners_is_an_upstream_defect():
     np.testing.assert_array_equal(compute_unchecked(build).ravel(), [0, 0, 1])
     np.testing.assert_allclose(C._ref_interpolate(stored(x), 3, 1, 1, 1, 1 | ALIGN | AA).ravel(), [0, 0.5, 1])
     with pyggml.Context(1 << 20) as ctx:     # without aligned corners: right
-        got = compute(ctx, pyggml.interpolate(ctx, ctx.from_numpy(x), 3, 1, 1, 1, 1 | AA))
+        got = computed(ctx, pyggml.interpolate(ctx, ctx.from_numpy(x), 3, 1, 1, 1, 1 | AA))
         np.testing.assert_allclose(got.ravel(), C._ref_interpolate(stored(x), 3, 1, 1, 1, 1 | AA).ravel(), atol=1e-6)
 
 
@@ -866,12 +853,12 @@ def test_conv_1d_with_a_batch_is_refused_and_really_scrambled(op):
     assert e.value.defect == "conv-1d-batch-layout"
     want = C._ref_conv_1d(stored(a), stored(b), 1, p0, 1)                  # (N, OC, OL)
     with rules_disabled(), pyggml.Context(1 << 20) as ctx:
-        got = compute(ctx, call[op](ctx, b.astype(F32)))
+        got = computed(ctx, call[op](ctx, b.astype(F32)))
     ol = want.shape[-1]
     assert got.shape == want.shape and not np.allclose(got, want, atol=0.05)
     np.testing.assert_allclose(got.reshape(4, 2, ol).transpose(1, 0, 2), want, atol=0.05)   # really [OL, N, OC]
     with pyggml.Context(1 << 20) as ctx:     # N = 1: right, and accepted
-        got1 = compute(ctx, call[op](ctx, b[:1].astype(F32)))
+        got1 = computed(ctx, call[op](ctx, b[:1].astype(F32)))
     np.testing.assert_allclose(got1.reshape(want[:1].shape), want[:1], atol=0.05)
 
 
@@ -939,6 +926,6 @@ def test_zero_stride_transposed_convolutions_are_accepted():
     outputs: memory-safe, and the formula's value"""
     with pyggml.Context(1 << 20) as ctx:
         a, b = vals((2, 3, 4)), vals((2, 5))
-        got = compute(ctx, pyggml.conv_transpose_1d(ctx, ctx.from_numpy(a.astype(F32)),
+        got = computed(ctx, pyggml.conv_transpose_1d(ctx, ctx.from_numpy(a.astype(F32)),
                                                     ctx.from_numpy(b.astype(F32)), 0, 0, 1))
     np.testing.assert_allclose(got, np.einsum("il,iok->ok", stored(b), stored(a)), atol=1e-5)
