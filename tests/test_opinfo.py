@@ -157,14 +157,31 @@ FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
 # other arguments say): the check cannot see their quantized types
 QUANTIZED_UNCHECKED = {
     "add_rel_pos", "add_rel_pos_inplace",           # pw's rows are tied to a's ne
-    "arange",                                       # no tensor argument
-    "cont_1d", "cont_2d", "cont_3d", "cont_4d",     # the new shape is an int argument
-    "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "repeat_4d",   # (the same)
     "dsv4_hc_comb", "dsv4_hc_post", "dsv4_hc_pre",  # ne0 is the hyper-connection count
     "flash_attn_back",                              # head sizes are tied to one another
     "gated_delta_net", "gated_linear_attn", "lightning_indexer", "rwkv_wkv6", "rwkv_wkv7", "ssm_scan",
     "opt_step_adamw", "opt_step_sgd",               # their samples pass ready tensors
-    "solve_tri", "tri",                             # square matrices
+    "solve_tri",                                    # a square matrix and b's rows tied to it
+}
+
+
+def _widen_int(i):
+    def widen(args):
+        return [a * WIDEN if j == i else a for j, a in enumerate(args)]
+    return widen
+
+
+def _square(args):
+    (typ, shape, is_float), *rest = args
+    return [(typ, shape[:-2] + (shape[-1], shape[-1]), is_float), *rest]
+
+
+# ops whose widened sample builds once one more of its arguments follows the wider rows
+WIDEN_ALSO = {
+    # the new shape's ne0 (its product must stay a's; repeat's a multiple of a's ne0)
+    **{f"{op}_{n}d": _widen_int(1) for op in ("cont", "reshape") for n in (1, 2, 3, 4)},
+    "repeat_4d": _widen_int(1),
+    "tri": _square,                                 # a square matrix: its rows as long as its columns
 }
 
 
@@ -213,10 +230,21 @@ def _builds(op: str, args, retype: dict) -> bool:
     return True
 
 
+def _takes_tensors(info) -> bool:
+    rng = np.random.default_rng(_seed(info.op, "quantized"))
+    return any(isinstance(a, (pyggml.opinfo.Arg, pyggml.Tensor)) for t in info.types
+               for s in info.samples(rng, t) for a in s.args)
+
+
 def quantized_types_taken(info) -> list[pyggml.Type] | None:
     """The quantized types pyggml's rule lets through for info.op (None: the widened
-    sample does not build as it is, so nothing can be said)."""
+    sample does not build as it is, so nothing can be said; none for an op that takes
+    no tensor)."""
+    if not _takes_tensors(info):
+        return []
     args = widened_sample(info)
+    if args is not None and info.op in WIDEN_ALSO:
+        args = WIDEN_ALSO[info.op](args)
     if args is None or not _builds(info.op, args, {}):
         return None
     pos = [i for i, a in enumerate(args) if _is_tensor_spec(a) and a[2]]
