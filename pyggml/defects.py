@@ -131,6 +131,30 @@ def _probe_add_q_no_from_float():
     return _verdict(build)
 
 
+def _probe_conv_transpose_2d_batch():
+    import numpy as np
+
+    import pyggml
+    from pyggml.opinfo.harness import read, rules_disabled
+
+    # two equal batches, rules off: the pinned kernel computes the first and leaves the
+    # second zero; a fixed one computes both alike
+    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
+        k = ctx.from_numpy(np.ones((2, 3, 3, 3), np.float32))
+        x = ctx.from_numpy(np.ones((2, 2, 4, 4), np.float32))
+        r = pyggml.conv_transpose_2d_p0(ctx, k, x, 2)
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(r)
+        try:
+            g.compute(1)
+        except pyggml.GGMLAbort:
+            return "abort"
+        v = read(r)
+    if np.array_equal(v[0], v[1]):
+        return "ok"
+    return "zeros" if not v[1].any() and v[0].any() else "wrong"
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="rope-ndims0-hang",
@@ -502,8 +526,14 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("CONV_TRANSPOSE_2D",),
         where="ggml-cpu/ops.cpp ggml_compute_forward_conv_transpose_2d_impl never loops over ne13: with "
               "b.ne[3] > 1 every batch after the first stays zero (upstream ggml-org/ggml issue #1448)",
-        action="refused with UpstreamDefect when b.ne[3] > 1 (tests/test_rules_conv.py shows the zeros)",
+        action="refused with UpstreamDefect when b.ne[3] > 1 (tests/test_rules_conv.py shows the zeros); "
+               "ggml 0.25.3's rewritten kernel computes every batch (its probe), but the refusal stays there "
+               "until that changed kernel's rule is reviewed: a known false refusal on 0.25.3",
         seen_in=("0.20.2",),
+        fixed_in="0.25.3",
+        probe=_probe_conv_transpose_2d_batch,
+        probe_unit="kernel verdict, rules off, on batch 1 of a 2-batch result of equal batches ('ok': computed "
+                   "as batch 0, absent; 'zeros': present)",
     ),
     Defect(
         id="upscale-nearest-index-rounding",

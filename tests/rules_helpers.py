@@ -2,6 +2,8 @@
 message and defect id, and a node's values computed with pyggml's rules off; below them,
 the inputs and checks that several family files share."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -43,6 +45,25 @@ def compute_unchecked(build, n_threads=1):
 
 
 # --- refusing and computing: [math], [activation], [glu], [reduce], [norm] ----------------------
+
+# Newer ggml (0.25.3; not 0.20.2) asserts in ggml_new_tensor that a tensor's element count
+# fits int64: there the builder itself aborts (in pyggml's abort guard) before pyggml's own
+# shape check sees the node. Either is a refusal with its reason; nothing is built.
+NEW_TENSOR_SIZE_ASSERT = r"ggml would abort: ggml\.c:\d+: GGML_ASSERT\(INT64_MAX / ne\[i\] > current_nelements\)"
+
+
+def refused_size(build, match):
+    """build() is refused for a result size past int64: KernelPreconditionError matching
+    ``match`` (pyggml's shape check), or, where the linked ggml checks that itself,
+    the builder's own assertion (GGMLAbort); returns the exception."""
+    with pytest.raises((pyggml.KernelPreconditionError, pyggml.GGMLAbort)) as e:
+        build()
+    if isinstance(e.value, pyggml.KernelPreconditionError):
+        assert re.search(match, str(e.value)), (match, str(e.value))
+    else:
+        assert re.search(NEW_TENSOR_SIZE_ASSERT, str(e.value)), str(e.value)
+    return e.value
+
 
 def refused_at_call(build, cls, match):
     """pyggml refuses the node at the op call, with cls (nothing more is checked)"""

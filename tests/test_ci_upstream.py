@@ -685,3 +685,18 @@ def test_the_specs_prove_under_a_short_time_limit_unless_the_caller_sets_one(mon
     assert 0 < ci.PROOF_LIMIT_S < 600
     monkeypatch.setenv("PYGGML_PROOF_LIMIT", "5")
     assert ci.clean_env()["PYGGML_PROOF_LIMIT"] == "5"
+
+
+def test_every_known_failure_names_a_test_that_exists():
+    """tests/expectations.py: a key that names no test would never apply (and never be
+    seen to go stale)."""
+    from expectations import KNOWN_FAILURES, known_failure
+    for version, known in KNOWN_FAILURES.items():
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+        for key, why in known.items():
+            path, _, name = key.partition("::")
+            assert path.startswith("tests/") and (ROOT / path).is_file(), key
+            assert re.search(rf"^def {re.escape(name.split('[')[0])}\(", (ROOT / path).read_text(), re.M), key
+            assert why.strip(), key
+            assert known_failure(key + "[x-y]", version) == why
+            assert known_failure(key, "0.0.0") is None

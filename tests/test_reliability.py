@@ -267,6 +267,14 @@ def _rope(ctx, ne0, n_dims):
     return pyggml.rope_ext(ctx, a, pos, None, n_dims, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
 
 
+# The out-of-bounds accesses below are the pinned ROPE kernel's. A changed one (ggml 0.25.3's
+# rewritten tail copy) never returns on n_dims = -2, as on 0.
+PINNED_ROPE = pytest.mark.skipif("ROPE" in pyggml._core.kernel_trust()["untrusted"],
+                                 reason="the linked ggml's ROPE kernel is not the pinned one whose overruns these "
+                                        "tests provoke (0.25.3's spins on n_dims = -2: rope-ndims0-hang)")
+
+
+@PINNED_ROPE
 @pytest.mark.parametrize("ne0, n_dims, where", [
     (8, -2, r'wrote 8 bytes before the start of node "node_1" \(ROPE'),   # the tail copy from n_dims = -2
     (5, 4, r'read memory past the end of leaf "leaf_0" .*access: byte 0 past it'),  # odd ne0: an element past each row
@@ -284,6 +292,7 @@ def test_the_guarded_proof_sees_a_kernel_write_outside_its_tensor(ne0, n_dims, w
         assert e.value.defect == "kernel-out-of-bounds"
 
 
+@PINNED_ROPE
 def test_past_its_guard_page_budget_the_proof_still_sees_writes_outside_a_tensor(monkeypatch):
     """Each guard-paged tensor costs three of the process's memory mappings (65,530 by
     default): past a budget the proof gives tensors canary bytes only. A write outside

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import pyggml
-from pyggml import OpPool, Type
+from pyggml import OpPool, Type, defects
 from pyggml.opinfo import conv as C
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
-from rules_helpers import compute_unchecked, computed, refused
+from rules_helpers import compute_unchecked, computed, refused, refused_size
 
 F32, F16 = np.float32, np.float16
 ALIGN = int(pyggml.ScaleFlag.ALIGN_CORNERS)
@@ -444,7 +444,10 @@ def test_conv_transpose_2d_batch_is_an_upstream_defect():
     got = compute_unchecked(build)
     want = C._ref_conv_transpose_2d_p0(stored(vals((2, 3, 3, 3))), stored(vals((2, 2, 4, 4))), 2)
     np.testing.assert_allclose(got[0], want[0], atol=1e-4)
-    assert np.all(got[1] == 0) and np.abs(want[1]).max() > 1
+    if defects.present("conv-transpose-2d-batch"):
+        assert np.all(got[1] == 0) and np.abs(want[1]).max() > 1
+    else:       # a fixed kernel (0.25.3: the record's fixed_in): every batch right, the refusal a false one
+        np.testing.assert_allclose(got[1], want[1], atol=1e-4)
 
 
 # --- POOL_1D, POOL_2D --------------------------------------------------------------------------------
@@ -594,9 +597,8 @@ def test_upscale_result_size_is_checked_in_any_context(name, build, match, no_al
     only as a context too small for 2**63 bytes"""
     with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
         a = ctx.new_tensor(Type.F32, (4, 3))
-        with pytest.raises(pyggml.KernelPreconditionError, match=rf"{name}: UPSCALE node refused: the {match}") as e:
-            build(ctx, a)
-        assert not isinstance(e.value, pyggml.UpstreamDefect)
+        e = refused_size(lambda: build(ctx, a), rf"{name}: UPSCALE node refused: the {match}")
+        assert not isinstance(e, pyggml.UpstreamDefect)
 
 
 @pytest.mark.filterwarnings("ignore:ggml_upscale_ext is deprecated")
@@ -621,8 +623,7 @@ def test_interpolate_to_2_63_rows_returns_at_once(no_alloc):
     with pyggml.Context(1 << 20, no_alloc=no_alloc) as ctx:
         a = ctx.new_tensor(Type.F32, (1, 3))
         t0 = time.monotonic()
-        with pytest.raises(pyggml.KernelPreconditionError, match=r"more bytes than int64 holds"):
-            pyggml.interpolate(ctx, a, 1, 2**63 - 1, 1, 1, 0)
+        refused_size(lambda: pyggml.interpolate(ctx, a, 1, 2**63 - 1, 1, 1, 0), r"more bytes than int64 holds")
         assert time.monotonic() - t0 < 2.0
 
 
