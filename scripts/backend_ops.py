@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Upstream's own test suite beside pyggml's: build ggml's ``test-backend-ops`` from a
+ggml tree, run its CPU modes, and read its verdicts per op.
+
+``test-backend-ops`` (``tests/test-backend-ops.cpp`` of ggml, and of llama.cpp) checks
+each backend against the CPU backend (mode ``test``) and ggml's autodiff against finite
+differences (mode ``grad``). Run on the CPU alone (``-b CPU``), ``test`` compares the
+CPU with itself: its verdict says which cases the CPU runs (supported, finishes, same
+result twice), not whether their values are right. ``grad`` is a real check of the
+backward pass. pyggml's sweep checks values against float64, so beside it:
+
+- an op upstream runs while pyggml refuses every case of it is a false-refusal
+  candidate (pyggml's rule refuses what the kernel runs);
+- an op pyggml finds wrong while upstream passes it is a CPU bug upstream cannot see
+  (its oracle is the CPU itself);
+- an op whose gradient upstream finds wrong, or pyggml does, is named with both.
+
+The test program is compiled from the tree's own ``tests/test-backend-ops.cpp`` (a ggml
+checkout or the libggml-python sdist has it), or, for a registry sdist whose ggml lies in
+a larger project (llama-cpp-python's ``vendor/llama.cpp/ggml``), from that project's
+``tests/`` in the same sdist, verified by the sha256 pinned in ``vendor/sdists/``. It is
+linked against the same ggml tree by a small CMake project written into ``--out``.
+
+Run: ``python scripts/backend_ops.py --tree GGML_TREE [--sdist PKG==VER] --out DIR
+[--mode test --mode grad] [--json F]``; ``scripts/ci_upstream.py --upstream-tests``
+does it for every source spec and shows the verdicts in its matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "test-backend-ops.cpp"
+MODES = ("test", "grad")
+BUILD_TIMEOUT_S = 1800
+RUN_TIMEOUT_S = 1800
+
+CMAKE = """\
+# written by pyggml's scripts/backend_ops.py: upstream's test-backend-ops, linked against
+# the ggml tree pyggml was built from
+cmake_minimum_required(VERSION 3.14)
+project(pyggml_backend_ops C CXX)
+set(CMAKE_CXX_STANDARD 17)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
+set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
+add_subdirectory("{tree}" ggml)
+add_executable(test-backend-ops "{source}")
+target_link_libraries(test-backend-ops PRIVATE ggml)
+"""
+
+
+class BackendOpsError(Exception):
+    pass
+
+
+def find_source(tree: Path, out: Path, sdist: str | None = None) -> Path:
+    """The test-backend-ops.cpp that belongs to ``tree``: its own tests/, or the
+    enclosing project's tests/ in the pinned sdist ``sdist`` (extracted into ``out``)."""
+    own = tree / "tests" / SOURCE
+    if own.is_file():
+        return own
+    if not sdist:
+        raise BackendOpsError(f"{tree} has no tests/{SOURCE} (give --sdist for a tree from a registry sdist)")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import vendor_ggml
+
+    lock = vendor_ggml.read_sdist_lock(sdist)
+    archive = vendor_ggml.fetch_sdist(lock)          # verified by its pinned sha256
+    # the project the ggml folder lies in: vendor/llama.cpp/ggml -> vendor/llama.cpp/tests/
+    want = Path(lock["subdir"]).parent / "tests" / SOURCE
+    with tarfile.open(archive, "r:gz") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if len(parts) > 1 and Path(*parts[1:]) == want and m.isfile():
+                f = tar.extractfile(m)
+                assert f is not None
+                dest = out / SOURCE
+                out.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(f.read())
+                return dest
+    raise BackendOpsError(f"{archive.name} has no {want}")
+
+
+def _run(cmd: list, log: Path, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run cmd in its own process group, its output appended to log and returned; past
+    ``timeout`` the whole group is killed (rc 124)."""
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(map(str, cmd))}\n")
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        text += f"\n[timed out after {timeout:g} s: its process group was killed]\n"
+        rc = 124
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    with log.open("a") as f:
+        f.write(text if len(text) < 200_000 else text[:2000] + "\n[...]\n" + text[-20_000:])
+        f.write(f"[exit {rc}]\n")
+    return subprocess.CompletedProcess(cmd, rc, text, "")
+
+
+def build(tree: Path, source: Path, out: Path, log: Path, jobs: int = 2) -> Path:
+    """Configure and build the test program against ``tree``; returns its path."""
+    project = out / "project"
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "CMakeLists.txt").write_text(CMAKE.format(tree=tree.resolve().as_posix(),
+                                                         source=source.resolve().as_posix()))
+    bdir = out / "build"
+    gen = ["-G", "Ninja"] if _have("ninja") else []
+    if _run(["cmake", "-S", project, "-B", bdir, *gen, "-DCMAKE_BUILD_TYPE=Release"], log, BUILD_TIMEOUT_S).returncode:
+        raise BackendOpsError(f"cmake could not configure test-backend-ops (log: {log})")
+    if _run(["cmake", "--build", bdir, "--target", "test-backend-ops", "-j", str(jobs)], log,
+            BUILD_TIMEOUT_S).returncode:
+        raise BackendOpsError(f"test-backend-ops did not build (log: {log})")
+    exe = bdir / "test-backend-ops"
+    if not exe.is_file():
+        found = sorted(bdir.rglob("test-backend-ops"))
+        if not found:
+            raise BackendOpsError(f"no test-backend-ops in {bdir}")
+        exe = found[0]
+    return exe
+
+
+def _have(tool: str) -> bool:
+    from shutil import which
+    return which(tool) is not None
+
+
+_INSERT = re.compile(r"^INSERT INTO test_backend_ops \((?P<fields>[^)]*)\) VALUES \((?P<values>.*)\);$")
+
+
+def parse_sql(text: str) -> list[dict[str, str]]:
+    """test-backend-ops' ``--output sql`` result rows as dicts (field: value)."""
+    rows = []
+    for line in text.splitlines():
+        m = _INSERT.match(line.strip())
+        if not m:
+            continue
+        fields = [f.strip() for f in m.group("fields").split(",")]
+        values = re.findall(r"'((?:[^']|'')*)'", m.group("values"))
+        if len(values) != len(fields):
+            continue
+        rows.append(dict(zip(fields, (v.replace("''", "'") for v in values))))
+    return rows
+
+
+def _true(v: str) -> bool:
+    return v.strip().lower() in ("1", "true", "yes")
+
+
+def summarize(rows: list[dict[str, str]], keep: int = 5) -> dict[str, dict[str, Any]]:
+    """Per op name: cases, supported, passed, and the first failing cases' params."""
+    ops: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = ops.setdefault(r.get("op_name", "?"), {"cases": 0, "supported": 0, "passed": 0, "failed": []})
+        s["cases"] += 1
+        if _true(r.get("supported", "")):
+            s["supported"] += 1
+            if _true(r.get("passed", "")):
+                s["passed"] += 1
+            elif len(s["failed"]) < keep:
+                s["failed"].append(r.get("op_params", "")[:300])
+    return ops
+
+
+def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S,
+             ops: str | None = None) -> dict[str, Any]:
+    """One mode on the CPU backend: {"rc", "seconds", "ops": summarize(...)}."""
+    cmd: list = [exe, mode, "-b", "CPU", "--output", "sql"]
+    if ops:
+        cmd += ["-o", ops]
+    t0 = time.perf_counter()
+    proc = _run(cmd, log, timeout)
+    rows = parse_sql(proc.stdout)
+    return {"rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1), "cases": len(rows),
+            "ops": summarize(rows)}
+
+
+# --- beside pyggml's sweep -------------------------------------------------------------------
+
+def op_names(makes: str) -> str | None:
+    """The name test-backend-ops gives the node an op table row makes (ggml_op_desc: the
+    unary or GLU op's own name for UNARY:X and GLU:X); None for a generic UNARY:*."""
+    kind, _, sub = makes.partition(":")
+    if sub == "*":
+        return None
+    return sub or kind
+
+
+def makes_by_function() -> dict[str, str]:
+    """pyggml's function -> the test-backend-ops op name of the node it makes."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pyggml_gen_ops", ROOT / "pyggml" / "_gen_ops.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    out = {}
+    for op in gen.read_table(str(ROOT / "pyggml" / "ops.txt")):
+        name = op_names(op.makes)
+        if name:
+            out[op.name] = name
+    return out
+
+
+def pyggml_by_op(parity_rows: list[dict], makes: dict[str, str]) -> dict[str, dict[str, dict[str, int]]]:
+    """pyggml's sweep per test-backend-ops op name: forward and gradient verdict counts
+    ({"forward": {verdict: n}, "grad": {...}}); a gradient row is one whose first path is
+    ggml's autodiff."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in parity_rows:
+        name = makes.get(r["op"])
+        if name is None:
+            continue
+        part = "grad" if r.get("a") == "autodiff" else "forward"
+        counts = out.setdefault(name, {"forward": {}, "grad": {}})[part]
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    return out
+
+
+BAD = ("fail", "oob", "crashed", "timeout", "error")
+
+
+def compare(upstream: dict[str, Any], ours: dict[str, dict[str, dict[str, int]]]) -> dict[str, list[str]]:
+    """Where the two suites disagree, per finding kind: lines naming the op and both
+    verdicts. ``upstream``: {mode: run_mode(...)}."""
+    test_ops = upstream.get("test", {}).get("ops", {})
+    grad_ops = upstream.get("grad", {}).get("ops", {})
+    found: dict[str, list[str]] = {"false_refusal": [], "upstream_blind": [], "upstream_fails": [],
+                                   "grad_disagrees": []}
+    for name in sorted(set(test_ops) | set(grad_ops) | set(ours)):
+        up = test_ops.get(name)
+        fw = ours.get(name, {}).get("forward", {})
+        gr = ours.get(name, {}).get("grad", {})
+        ran = sum(fw.values())
+        if up and up["passed"] and ran and fw.get("refused", 0) == ran:
+            found["false_refusal"].append(f"{name}: upstream runs {up['passed']}/{up['cases']} cases; "
+                                          f"pyggml refused all {ran} of its sweep")
+        bad = sum(fw.get(v, 0) for v in BAD)
+        if up and bad and up["supported"] and up["passed"] == up["supported"]:
+            found["upstream_blind"].append(f"{name}: pyggml {bad}/{ran} bad against float64 "
+                                           f"({_counts(fw)}); upstream passes {up['passed']}/{up['supported']} "
+                                           f"supported (the CPU against itself)")
+        if up and up["passed"] < up["supported"]:
+            found["upstream_fails"].append(f"{name}: upstream fails {up['supported'] - up['passed']}/"
+                                           f"{up['supported']} (first: {up['failed'][:1]}); pyggml {_counts(fw)}")
+        ug = grad_ops.get(name)
+        gbad = sum(gr.get(v, 0) for v in BAD)
+        up_gbad = ug is not None and ug["passed"] < ug["supported"]
+        if (gbad > 0) != up_gbad and (ug is not None and ug["supported"]) and sum(gr.values()):
+            found["grad_disagrees"].append(
+                f"{name}: gradient upstream {ug['passed']}/{ug['supported']} pass"
+                f"{' (first failing: ' + ug['failed'][0] + ')' if ug['failed'] else ''}; pyggml {_counts(gr)}")
+    return found
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "not swept"
+
+
+def report(upstream: dict[str, Any], found: dict[str, list[str]]) -> str:
+    titles = {
+        "false_refusal": "upstream runs it, pyggml refuses every case (false-refusal candidates)",
+        "upstream_blind": "pyggml finds wrong values upstream passes (its oracle is the CPU itself)",
+        "upstream_fails": "upstream's own CPU test fails",
+        "grad_disagrees": "the gradient verdicts disagree",
+    }
+    out = []
+    for mode, res in upstream.items():
+        ops = res.get("ops", {})
+        sup = sum(s["supported"] for s in ops.values())
+        ok = sum(s["passed"] for s in ops.values())
+        out.append(f"test-backend-ops {mode} -b CPU: {res.get('cases', 0)} cases, {sup} supported, {ok} passed, "
+                   f"{len(ops)} ops ({res.get('seconds')} s, exit {res.get('rc')})")
+    for kind, lines in found.items():
+        out.append(f"  {titles[kind]}: {len(lines) or 'none'}")
+        out += [f"    {line}" for line in lines]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", type=Path, required=True, help="the ggml tree (CMakeLists.txt, include/, src/)")
+    ap.add_argument("--sdist", metavar="PKG==VER", help="the registry sdist the tree came from (pinned in vendor/sdists)")
+    ap.add_argument("--out", type=Path, required=True, help="work directory (build, log)")
+    ap.add_argument("--mode", action="append", choices=MODES, help="modes to run (default: test and grad)")
+    ap.add_argument("--ops", metavar="OP,REGEX", help="test-backend-ops -o (default: every op)")
+    ap.add_argument("--parity", type=Path, metavar="parity.json", help="pyggml's sweep of the same build, to compare")
+    ap.add_argument("--json", type=Path, metavar="F", help="write the verdicts (and the comparison) as JSON")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "log.txt"
+    try:
+        source = find_source(args.tree, args.out, args.sdist)
+        exe = build(args.tree, source, args.out, log, args.jobs)
+    except BackendOpsError as e:
+        print(f"backend_ops: {e}", file=sys.stderr)
+        return 2
+    upstream = {m: run_mode(exe, m, log, ops=args.ops) for m in (args.mode or MODES)}
+    doc: dict[str, Any] = {"source": str(source), "upstream": upstream}
+    if args.parity:
+        rows = json.loads(args.parity.read_text())["rows"]
+        doc["found"] = compare(upstream, pyggml_by_op(rows, makes_by_function()))
+    print(report(upstream, doc.get("found", {})))
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1))
+    return 0 if all(r["rc"] == 0 for r in upstream.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
