@@ -87,9 +87,10 @@ def find_source(tree: Path, out: Path, sdist: str | None = None) -> Path:
             if len(parts) > 1 and Path(*parts[1:]) == want and m.isfile():
                 f = tar.extractfile(m)
                 assert f is not None
-                dest = out / SOURCE
+                dest, data = out / SOURCE, f.read()
                 out.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(f.read())
+                if not dest.is_file() or dest.read_bytes() != data:      # (unchanged: no rebuild)
+                    dest.write_bytes(data)
                 return dest
     raise BackendOpsError(f"{archive.name} has no {want}")
 
@@ -215,6 +216,7 @@ def makes_by_function() -> dict[str, str]:
     spec = importlib.util.spec_from_file_location("pyggml_gen_ops", ROOT / "pyggml" / "_gen_ops.py")
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen          # (its dataclasses look their module up)
     spec.loader.exec_module(gen)
     out = {}
     for op in gen.read_table(str(ROOT / "pyggml" / "ops.txt")):

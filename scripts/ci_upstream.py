@@ -68,6 +68,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -393,8 +394,49 @@ def empty_row(spec: str, log: Path) -> dict[str, Any]:
             "worst_nmse": None, "known_defects": [], "seconds": 0.0, "log": str(log)}
 
 
+def run_upstream_tests(row: dict, kind: str, arg: str, out: Path, py: Path, step: Step, env: dict) -> None:
+    """Upstream's own test-backend-ops, built from the spec's ggml tree and run on the
+    CPU in its test and grad modes, beside the spec's sweep (scripts/backend_ops.py):
+    row["upstream_tests"]. A prebuilt ggml has no tree to build it from."""
+    tree = {"vendored": ROOT / "vendor" / "ggml", "sdist": out / "ggml-src", "patched": out / "ggml-src",
+            "src": Path(arg)}.get(kind)
+    if tree is None or not (tree / "CMakeLists.txt").is_file():
+        row["upstream_tests"] = {"skipped": f"no ggml source tree for a {kind} spec"}
+        return
+    # CMake and Ninja for the build, in the spec's environment (pip's build of pyggml had its own)
+    if step.run([py, "-m", "pip", "install", "--quiet", "cmake", "ninja"], env=env).returncode:
+        row["upstream_tests"] = {"error": "could not install cmake and ninja"}
+        return
+    doc = out / "backend-ops.json"
+    cmd = [sys.executable, ROOT / "scripts" / "backend_ops.py", "--tree", tree, "--out", out / "backend-ops",
+           "--json", doc, *(["--sdist", arg] if kind == "sdist" else [])]
+    if (out / "parity.json").exists():
+        cmd += ["--parity", out / "parity.json"]
+    ran = step.run(cmd, env={**env, "PATH": f"{Path(py).parent}{os.pathsep}{env.get('PATH', '')}"}, timeout=3600)
+    row["upstream_tests"] = json.loads(doc.read_text()) if doc.exists() else {"error": f"exit {ran.returncode}"}
+    row["upstream_tests"]["rc"] = ran.returncode
+
+
+def upstream_tests_report(rows: list[dict]) -> str:
+    """Per spec that ran it: test-backend-ops' verdicts and where they and pyggml's disagree."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import backend_ops
+
+    out = []
+    for r in rows:
+        u = r.get("upstream_tests")
+        if not u:
+            continue
+        out.append(f"upstream's test-backend-ops beside pyggml, {r['spec']}:")
+        if "upstream" not in u:
+            out.append(f"  not run: {u.get('skipped') or u.get('error')}")
+            continue
+        out.append(textwrap.indent(backend_ops.report(u["upstream"], u.get("found", {})), "  "))
+    return "\n".join(out) or "upstream's test-backend-ops: not asked for (--upstream-tests SPEC)"
+
+
 def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: bool = False,
-             reuse: Path | None = None, results: Path | None = None) -> dict:
+             reuse: Path | None = None, results: Path | None = None, upstream_tests: bool = False) -> dict:
     """Build (or, with ``reuse``, take the interpreter's installed pyggml for) one spec and
     run the tests, the parity sweep and the probes on it: the spec's row of the matrix.
     With ``results`` as well, the tests and the sweep already run with that interpreter
@@ -512,6 +554,8 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
             if row.get("patched"):
                 # the fixed defects must be gone: their probes measure nothing
                 row["patch_ok"] = all(not measures_defect(probe["defects"].get(d)) for d in row["patched"])
+        if upstream_tests:
+            run_upstream_tests(row, kind, arg, out, py, step, env)
         return row
     finally:
         row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -963,6 +1007,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse-results", type=Path, metavar="DIR",
                     help="with --reuse: the tests and the sweep already run with that interpreter stand for the "
                          "spec's own (DIR holds pytest's junit.xml and the sweep's parity.json and parity.npz)")
+    ap.add_argument("--upstream-tests", action="append", default=[], metavar="SPEC",
+                    help="also build upstream's test-backend-ops from that spec's ggml tree and run its CPU test "
+                         "and grad modes beside pyggml's sweep (scripts/backend_ops.py); repeatable")
     ap.add_argument("--quick-parity", action="store_true", help="each spec runs pyggml parity --quick, not the full sweep")
     ap.add_argument("--bisect", metavar="src:PATH", help="bisect an upstream git checkout (with --good, --bad, --op)")
     ap.add_argument("--good", metavar="REV", help="--bisect: a revision where the op's result is as wanted")
@@ -1004,14 +1051,18 @@ def main(argv: list[str] | None = None) -> int:
         reuse[normalise_spec(name)] = Path(python).absolute()
     if args.reuse_results is not None and len(reuse) != 1:
         ap.error("--reuse-results DIR: give one --reuse vendored=PYTHON, the interpreter that made them")
+    upstream_tests = {normalise_spec(s) for s in args.upstream_tests}
+    if upstream_tests - set(map(normalise_spec, specs)):
+        ap.error(f"--upstream-tests {sorted(upstream_tests - set(map(normalise_spec, specs)))}: not among the --ggml specs")
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:
         print(f"ci_upstream: {spec} ...", flush=True)
         reused = reuse.get(normalise_spec(spec))
         try:
+            more = {"upstream_tests": True} if normalise_spec(spec) in upstream_tests else {}
             row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
-                           args.reuse_results.absolute() if reused and args.reuse_results else None)
+                           args.reuse_results.absolute() if reused and args.reuse_results else None, **more)
         except Exception as e:         # the spec fails; the report and the later specs still come
             row = {**empty_row(spec, args.workdir / spec_dirname(spec) / "log.txt"),
                    "error": f"{type(e).__name__}: {e}"}
@@ -1033,6 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
     print(disagreements(rows))
     print()
     print(format_timeline(items, releases))
+    print()
+    print(upstream_tests_report(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"specs": rows, "timeline": items}, indent=1))
     if args.html and write_html(rows, items, Path(args.html), args.workdir):

@@ -458,6 +458,39 @@ def test_main_passes_results_only_to_the_reused_spec(tmp_path, monkeypatch):
     assert seen == {"vendored": Path("r").absolute(), "vendored+blas": None}
 
 
+def test_upstream_tests_run_only_for_the_specs_named(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None,
+                      upstream_tests=False):
+        seen[spec] = upstream_tests
+        row = ci.empty_row(spec, workdir / "log.txt")
+        if upstream_tests:
+            row["upstream_tests"] = {"upstream": {"test": {"cases": 3, "seconds": 1.0, "rc": 0, "ops": {
+                "ADD": {"cases": 3, "supported": 3, "passed": 3, "failed": []}}}},
+                "found": {"false_refusal": ["ADD: upstream runs 3/3 cases; pyggml refused all 2 of its sweep"]}}
+        return row
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    w = ["--workdir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit):                 # a spec the run does not have
+        ci.main(["--ggml", "vendored", "--upstream-tests", "src:elsewhere", *w])
+    assert seen == {}
+    ci.main(["--ggml", "vendored", "--ggml", "vendored+blas", "--upstream-tests", "vendored", *w])
+    assert seen == {"vendored": True, "vendored+blas": False}
+    text = capsys.readouterr().out
+    assert "upstream's test-backend-ops beside pyggml, vendored:" in text
+    assert "test-backend-ops test -b CPU: 3 cases, 3 supported, 3 passed, 1 ops" in text
+    assert "ADD: upstream runs 3/3 cases; pyggml refused all 2" in text
+
+
+def test_a_prebuilt_ggml_has_no_tree_for_upstreams_tests(tmp_path):
+    row = {}
+    ci.run_upstream_tests(row, "pypi", "libggml-python==0.17.0", tmp_path, Path(sys.executable),
+                          ci.Step(tmp_path / "log"), ci.clean_env())
+    assert row["upstream_tests"] == {"skipped": "no ggml source tree for a pypi spec"}
+    assert "not run: no ggml source tree for a pypi spec" in ci.upstream_tests_report([{"spec": "p", **row}])
+
+
 # --- bisect in a worktree ----------------------------------------------------------------
 
 

@@ -1,0 +1,161 @@
+"""scripts/backend_ops.py: upstream's test-backend-ops beside pyggml's sweep (issue 24,
+item 4). The reading of its output and the comparison are checked on made-up output;
+the build and the run on a tiny stand-in ggml tree (a ``ggml`` library and a program
+that prints what test-backend-ops prints), compiled with the machine's CMake."""
+
+import importlib.util
+import json
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("backend_ops_under_test", ROOT / "scripts" / "backend_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bo = _load()
+
+FIELDS = ("test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, passed, error_message, "
+          "time_us, flops, bandwidth_gb_s, memory_kb, n_runs, device_description, backend_reg_name")
+
+
+def insert(op, params, supported, passed, mode="test"):
+    values = ["2026-12-03", "abc", "CPU", op, params, mode, "1" if supported else "0", "1" if passed else "0", "",
+              "0", "0", "0", "0", "0", "cpu", "CPU"]
+    quoted = ", ".join("'" + v + "'" for v in values)
+    return f"INSERT INTO test_backend_ops ({FIELDS}) VALUES ({quoted});"
+
+
+def test_the_sql_output_is_read_row_by_row():
+    text = "\n".join([
+        "CREATE TABLE IF NOT EXISTS test_backend_ops (", "  op_name TEXT", ");",
+        "Testing 1 devices",
+        insert("ADD", "type=f32,ne=[10,5,4,3]", True, True),
+        insert("ADD", "type=f16,ne=[10,5,4,3]", True, False),
+        insert("GELU", "type=bf16,ne=[128,2,2,2]", False, False),
+        "INSERT INTO test_backend_ops (a, b) VALUES ('1');",            # fields and values disagree: skipped
+    ])
+    rows = bo.parse_sql(text)
+    assert [(r["op_name"], r["op_params"], r["supported"], r["passed"]) for r in rows] == [
+        ("ADD", "type=f32,ne=[10,5,4,3]", "1", "1"), ("ADD", "type=f16,ne=[10,5,4,3]", "1", "0"),
+        ("GELU", "type=bf16,ne=[128,2,2,2]", "0", "0")]
+    s = bo.summarize(rows)
+    assert s == {"ADD": {"cases": 2, "supported": 2, "passed": 1, "failed": ["type=f16,ne=[10,5,4,3]"]},
+                 "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
+
+
+def test_a_quote_in_a_value_is_read_back():
+    line = insert("X", "it''s", True, True)          # SQL doubles a quote
+    assert bo.parse_sql(line)[0]["op_params"] == "it's"
+
+
+def test_op_names_follow_ggml_op_desc():
+    assert bo.op_names("ADD") == "ADD"
+    assert bo.op_names("UNARY:GELU") == "GELU"
+    assert bo.op_names("GLU:SWIGLU") == "SWIGLU"
+    assert bo.op_names("UNARY:*") is None
+    makes = bo.makes_by_function()
+    assert makes["add"] == makes["add_inplace"] == "ADD"
+    assert makes["gelu"] == "GELU" and makes["swiglu"] == "SWIGLU" and makes["mul_mat"] == "MUL_MAT"
+    assert "unary" not in makes
+
+
+def _row(op, verdict, a="ggml"):
+    return {"op": op, "verdict": verdict, "a": a}
+
+
+def test_the_comparison_names_each_kind_of_disagreement():
+    upstream = {
+        "test": {"ops": {
+            "GELU": {"cases": 10, "supported": 10, "passed": 10, "failed": []},      # pyggml refuses all
+            "ADD": {"cases": 4, "supported": 4, "passed": 4, "failed": []},          # pyggml finds it wrong
+            "MUL": {"cases": 3, "supported": 3, "passed": 2, "failed": ["type=f16"]},   # upstream fails
+            "SUB": {"cases": 3, "supported": 3, "passed": 3, "failed": []},          # both fine
+        }},
+        "grad": {"ops": {
+            "MUL": {"cases": 2, "supported": 2, "passed": 2, "failed": []},          # pyggml's gradient wrong
+            "SUB": {"cases": 2, "supported": 2, "passed": 1, "failed": ["ne=[2]"]},  # upstream's gradient wrong
+        }},
+    }
+    makes = {"gelu": "GELU", "add": "ADD", "mul": "MUL", "sub": "SUB"}
+    rows = ([_row("gelu", "refused")] * 3 + [_row("add", "ok"), _row("add", "fail")] + [_row("mul", "ok")]
+            + [_row("mul", "fail", a="autodiff")] + [_row("sub", "ok")] * 2 + [_row("sub", "ok", a="autodiff")])
+    ours = bo.pyggml_by_op(rows, makes)
+    assert ours["MUL"] == {"forward": {"ok": 1}, "grad": {"fail": 1}}
+    found = bo.compare(upstream, ours)
+    assert [s.split(":")[0] for s in found["false_refusal"]] == ["GELU"]
+    assert [s.split(":")[0] for s in found["upstream_blind"]] == ["ADD"]
+    assert [s.split(":")[0] for s in found["upstream_fails"]] == ["MUL"]
+    assert [s.split(":")[0] for s in found["grad_disagrees"]] == ["MUL", "SUB"]
+    assert "first failing: ne=[2]" in found["grad_disagrees"][1]
+    text = bo.report({"test": {"cases": 20, "ops": upstream["test"]["ops"], "seconds": 1.0, "rc": 0}}, found)
+    assert "test-backend-ops test -b CPU: 20 cases, 20 supported, 19 passed, 4 ops" in text
+    assert "false-refusal candidates): 1" in text
+
+
+def test_a_tree_without_the_test_program_and_no_sdist_is_an_error(tmp_path):
+    with pytest.raises(bo.BackendOpsError, match="has no tests/test-backend-ops.cpp"):
+        bo.find_source(tmp_path, tmp_path / "out")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / bo.SOURCE).write_text("int main() {}\n")
+    assert bo.find_source(tmp_path, tmp_path / "out") == tmp_path / "tests" / bo.SOURCE
+
+
+def test_a_run_past_its_time_kills_its_whole_process_group(tmp_path):
+    t0 = time.monotonic()
+    proc = bo._run(["bash", "-c", "sleep 100 & sleep 100"], tmp_path / "log", timeout=1)
+    assert proc.returncode == 124 and time.monotonic() - t0 < 10
+    assert "timed out after 1 s" in (tmp_path / "log").read_text()
+
+
+FAKE_GGML = """\
+cmake_minimum_required(VERSION 3.14)
+project(fake_ggml C)
+add_library(ggml STATIC ggml.c)
+target_include_directories(ggml PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+"""
+
+FAKE_TBO = r"""
+#include <cstdio>
+#include <cstring>
+extern "C" int fake_ggml_answer(void);
+int main(int argc, char ** argv) {
+    const char * mode = argc > 1 ? argv[1] : "test";
+    if (argc < 6 || strcmp(argv[2], "-b") || strcmp(argv[3], "CPU") || strcmp(argv[5], "sql")) return 3;
+    printf("CREATE TABLE IF NOT EXISTS test_backend_ops (op_name TEXT);\n");
+    printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
+           "VALUES ('ADD', 'answer=%d', '%s', '1', '1');\n", fake_ggml_answer(), mode);
+    printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
+           "VALUES ('GELU', 'type=bf16', '%s', '0', '0');\n", mode);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("cmake") and (shutil.which("c++") or shutil.which("g++"))),
+                    reason="needs CMake and a C++ compiler")
+def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
+    tree = tmp_path / "ggml"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text(FAKE_GGML)
+    (tree / "ggml.c").write_text("int fake_ggml_answer(void) { return 42; }\n")
+    (tree / "tests" / bo.SOURCE).write_text(textwrap.dedent(FAKE_TBO))
+    out = tmp_path / "out"
+    rc = bo.main(["--tree", str(tree), "--out", str(out), "--json", str(tmp_path / "r.json")])
+    assert rc == 0, (out / "log.txt").read_text()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    for mode in ("test", "grad"):
+        assert doc["upstream"][mode]["ops"] == {
+            "ADD": {"cases": 1, "supported": 1, "passed": 1, "failed": []},      # linked: the tree's answer
+            "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
+        assert doc["upstream"][mode]["rc"] == 0
+    assert "answer=42" in (out / "log.txt").read_text()
