@@ -37,6 +37,10 @@ module reports, run the test suite and the parity sweep (``pyggml parity --save`
   crash the sweeps saw, and every disagreement, the first release where it is seen and
   the last before it where it is absent.
 
+``--upstream-tests SPEC``: for that source spec, upstream's own test-backend-ops is built
+from its ggml tree and run on the CPU (test and grad modes) beside the sweep
+(scripts/backend_ops.py); the report lists where the two suites disagree per op.
+
 Writes ``--json PATH`` (``{"specs": [{"spec", "ggml_version", "built", "tests_ok",
 "parity_ok", "ops", "builders", "defects", "parity", "diff", ...}], "timeline": [...]}``)
 and ``--html PATH`` (the report of the first spec's sweep with the op x build grid and
