@@ -97,6 +97,11 @@ def test_the_comparison_names_each_kind_of_disagreement():
     assert [s.split(":")[0] for s in found["upstream_fails"]] == ["MUL"]
     assert [s.split(":")[0] for s in found["grad_disagrees"]] == ["MUL", "SUB"]
     assert "first failing: ne=[2]" in found["grad_disagrees"][1]
+    # support mode alone (nothing computed) still says what the CPU runs; upstream's own
+    # failures come from test mode only
+    only_support = bo.compare({"support": upstream["test"], "grad": upstream["grad"]}, ours)
+    assert [s.split(":")[0] for s in only_support["false_refusal"]] == ["GELU"]
+    assert only_support["upstream_fails"] == []
     text = bo.report({"test": {"cases": 20, "ops": upstream["test"]["ops"], "seconds": 1.0, "rc": 0}}, found)
     assert "test-backend-ops test -b CPU: 20 cases, 20 supported, 19 passed, 4 ops" in text
     assert "false-refusal candidates): 1" in text
@@ -153,7 +158,8 @@ def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
     rc = bo.main(["--tree", str(tree), "--out", str(out), "--json", str(tmp_path / "r.json")])
     assert rc == 0, (out / "log.txt").read_text()
     doc = json.loads((tmp_path / "r.json").read_text())
-    for mode in ("test", "grad"):
+    assert set(doc["upstream"]) == {"support", "grad"}          # the default modes (test is slow)
+    for mode in ("support", "grad"):
         assert doc["upstream"][mode]["ops"] == {
             "ADD": {"cases": 1, "supported": 1, "passed": 1, "failed": []},      # linked: the tree's answer
             "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
