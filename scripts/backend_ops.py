@@ -7,7 +7,7 @@ each backend against the CPU backend (mode ``test``), ggml's autodiff against fi
 differences (mode ``grad``), and asks a backend which cases it supports (mode
 ``support``, nothing computed). Run on the CPU alone (``-b CPU``), ``test`` compares
 the CPU with itself: its verdict says which cases the CPU runs (supported, finishes,
-same result twice), not whether their values are right, and it is slow (over 14 minutes
+same result twice), not whether their values are right, and it is slow (stopped after 18 minutes
 for ggml 0.25.3's cases on one core of a 2-core Zen 5). So the default modes are
 ``support`` (what the CPU says it runs) and ``grad`` (a real check of the backward
 pass); ``--mode test`` adds it. pyggml's sweep checks values against float64, so beside
@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,6 @@ def find_source(tree: Path, out: Path, sdist: str | None = None) -> Path:
 def _run(cmd: list, log: Path, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run cmd in its own process group, its output appended to log and returned; past
     ``timeout`` the whole group is killed (rc 124)."""
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(map(str, cmd))}\n")
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=cwd, start_new_session=True)
     try:
@@ -121,7 +120,8 @@ def _run(cmd: list, log: Path, timeout: float, cwd: Path | None = None) -> subpr
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
-    with log.open("a") as f:
+    with _LOG_LOCK, log.open("a") as f:      # (runs may go on in threads: one block each)
+        f.write(f"$ {' '.join(map(str, cmd))}\n")
         f.write(text if len(text) < 200_000 else text[:2000] + "\n[...]\n" + text[-20_000:])
         f.write(f"[exit {rc}]\n")
     return subprocess.CompletedProcess(cmd, rc, text, "")
@@ -154,6 +154,7 @@ def _have(tool: str) -> bool:
     return which(tool) is not None
 
 
+_LOG_LOCK = threading.Lock()
 _INSERT = re.compile(r"^INSERT INTO test_backend_ops \((?P<fields>[^)]*)\) VALUES \((?P<values>.*)\);$")
 
 
@@ -191,17 +192,51 @@ def summarize(rows: list[dict[str, str]], keep: int = 5) -> dict[str, dict[str, 
     return ops
 
 
-def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S,
-             ops: str | None = None) -> dict[str, Any]:
-    """One mode on the CPU backend: {"rc", "seconds", "ops": summarize(...)}."""
-    cmd: list = [exe, mode, "-b", "CPU", "--output", "sql"]
-    if ops:
-        cmd += ["-o", ops]
+def _abort_line(text: str) -> str:
+    """The line an aborted run printed about why (ggml's GGML_ABORT / GGML_ASSERT)."""
+    for line in text.splitlines():
+        if "GGML_ASSERT" in line or "unsupported" in line or "error" in line.lower() or "abort" in line.lower():
+            if not line.startswith(("INSERT", "$ ")):
+                return line.strip()[:300]
+    return ""
+
+
+def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, ops: str | None = None,
+             per_op: list[str] | None = None, jobs: int = 1) -> dict[str, Any]:
+    """One mode on the CPU backend: {"rc", "seconds", "cases", "ops": summarize(...)}.
+
+    With ``per_op`` (op names), one run per op (``-o NAME``, ``jobs`` at a time): a case
+    that aborts the program then ends its op's run only, and that op carries
+    ``"exit"`` and ``"abort"`` (the message) beside the verdicts of the cases it had
+    printed. Output is line-buffered (stdbuf) so that those are not lost with it."""
+    line_buffered = ["stdbuf", "-oL"] if _have("stdbuf") else []
+
+    def one(op_filter: str | None) -> tuple[subprocess.CompletedProcess, list[dict[str, str]]]:
+        cmd: list = [*line_buffered, exe, mode, "-b", "CPU", "--output", "sql"]
+        if op_filter:
+            cmd += ["-o", op_filter]
+        proc = _run(cmd, log, timeout)
+        return proc, parse_sql(proc.stdout)
+
     t0 = time.perf_counter()
-    proc = _run(cmd, log, timeout)
-    rows = parse_sql(proc.stdout)
-    return {"rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1), "cases": len(rows),
-            "ops": summarize(rows)}
+    if per_op is None:
+        proc, rows = one(ops)
+        return {"rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1), "cases": len(rows),
+                "ops": summarize(rows)}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        results = list(zip(per_op, pool.map(one, per_op)))
+    summary: dict[str, dict[str, Any]] = {}
+    cases, rc = 0, 0
+    for name, (proc, rows) in results:
+        got = summarize(rows).get(name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
+        cases += got["cases"]
+        if proc.returncode:
+            got.update(exit=proc.returncode, abort=_abort_line(proc.stdout))
+            rc = rc or proc.returncode
+        summary[name] = got
+    return {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "cases": cases, "ops": summary}
 
 
 # --- beside pyggml's sweep -------------------------------------------------------------------
@@ -257,7 +292,12 @@ def compare(upstream: dict[str, Any], ours: dict[str, dict[str, dict[str, int]]]
     test_ops = upstream.get("test", {}).get("ops", {})
     grad_ops = upstream.get("grad", {}).get("ops", {})
     found: dict[str, list[str]] = {"false_refusal": [], "upstream_blind": [], "upstream_fails": [],
-                                   "grad_disagrees": []}
+                                   "upstream_aborts": [], "grad_disagrees": []}
+    for mode in ("test", "grad"):
+        for name, u in sorted(upstream.get(mode, {}).get("ops", {}).items()):
+            if u.get("exit"):
+                found["upstream_aborts"].append(f"{name} ({mode}): exit {u['exit']} after {u['cases']} cases: "
+                                                f"{u.get('abort') or 'no message'}")
     for name in sorted(set(runs) | set(grad_ops) | set(ours)):
         up = runs.get(name)
         fw = ours.get(name, {}).get("forward", {})
@@ -294,6 +334,7 @@ def report(upstream: dict[str, Any], found: dict[str, list[str]]) -> str:
         "false_refusal": "upstream runs it, pyggml refuses every case (false-refusal candidates)",
         "upstream_blind": "pyggml finds wrong values upstream passes (its oracle is the CPU itself)",
         "upstream_fails": "upstream's own CPU test fails",
+        "upstream_aborts": "upstream's own program aborts (its run of that op ends there)",
         "grad_disagrees": "the gradient verdicts disagree",
     }
     out = []
@@ -329,7 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     except BackendOpsError as e:
         print(f"backend_ops: {e}", file=sys.stderr)
         return 2
-    upstream = {m: run_mode(exe, m, log, ops=args.ops) for m in (args.mode or DEFAULT_MODES)}
+    upstream: dict[str, Any] = {}
+    modes = args.mode or DEFAULT_MODES
+    if any(m != "support" for m in modes) and "support" not in modes:
+        upstream["support"] = run_mode(exe, "support", log, ops=args.ops)     # the op list
+    for m in modes:
+        if m == "support":
+            upstream[m] = run_mode(exe, m, log, ops=args.ops)
+        else:
+            # one run per op: a case that aborts ends its op's run, not the mode's
+            names = sorted(upstream["support"]["ops"])
+            upstream[m] = run_mode(exe, m, log, per_op=names, jobs=args.jobs)
     doc: dict[str, Any] = {"source": str(source), "upstream": upstream}
     if args.parity:
         rows = json.loads(args.parity.read_text())["rows"]

@@ -97,6 +97,12 @@ def test_the_comparison_names_each_kind_of_disagreement():
     assert [s.split(":")[0] for s in found["upstream_fails"]] == ["MUL"]
     assert [s.split(":")[0] for s in found["grad_disagrees"]] == ["MUL", "SUB"]
     assert "first failing: ne=[2]" in found["grad_disagrees"][1]
+    assert found["upstream_aborts"] == []
+    upstream["grad"]["ops"]["GLU"] = {"cases": 0, "supported": 0, "passed": 0, "failed": [], "exit": -6,
+                                      "abort": "ggml.c:7227: unsupported glu op for backward pass: REGLU"}
+    assert bo.compare(upstream, ours)["upstream_aborts"] == [
+        "GLU (grad): exit -6 after 0 cases: ggml.c:7227: unsupported glu op for backward pass: REGLU"]
+    del upstream["grad"]["ops"]["GLU"]
     # support mode alone (nothing computed) still says what the CPU runs; upstream's own
     # failures come from test mode only
     only_support = bo.compare({"support": upstream["test"], "grad": upstream["grad"]}, ours)
@@ -131,6 +137,7 @@ target_include_directories(ggml PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 
 FAKE_TBO = r"""
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 extern "C" int fake_ggml_answer(void);
 int main(int argc, char ** argv) {
@@ -139,6 +146,13 @@ int main(int argc, char ** argv) {
     printf("CREATE TABLE IF NOT EXISTS test_backend_ops (op_name TEXT);\n");
     printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
            "VALUES ('ADD', 'answer=%d', '%s', '1', '1');\n", fake_ggml_answer(), mode);
+    const char * only = argc > 7 ? argv[7] : "";
+    if (!strcmp(mode, "grad") && !strcmp(only, "GELU")) {
+        printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
+               "VALUES ('GELU', 'type=f32,first', 'grad', '1', '0');\n");
+        fprintf(stderr, "ggml.c:1: unsupported op for backward pass: GELU\n");
+        abort();
+    }
     printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
            "VALUES ('GELU', 'type=bf16', '%s', '0', '0');\n", mode);
     return 0;
@@ -156,12 +170,19 @@ def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
     (tree / "tests" / bo.SOURCE).write_text(textwrap.dedent(FAKE_TBO))
     out = tmp_path / "out"
     rc = bo.main(["--tree", str(tree), "--out", str(out), "--json", str(tmp_path / "r.json")])
-    assert rc == 0, (out / "log.txt").read_text()
+    assert (tmp_path / "r.json").exists(), (out / "log.txt").read_text()
     doc = json.loads((tmp_path / "r.json").read_text())
     assert set(doc["upstream"]) == {"support", "grad"}          # the default modes (test is slow)
-    for mode in ("support", "grad"):
-        assert doc["upstream"][mode]["ops"] == {
-            "ADD": {"cases": 1, "supported": 1, "passed": 1, "failed": []},      # linked: the tree's answer
-            "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
-        assert doc["upstream"][mode]["rc"] == 0
+    assert doc["upstream"]["support"]["ops"] == {
+        "ADD": {"cases": 1, "supported": 1, "passed": 1, "failed": []},          # linked: the tree's answer
+        "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
+    assert doc["upstream"]["support"]["rc"] == 0
+    # grad runs per op: GELU's run aborts (after the row it printed, which is kept: line
+    # buffered), ADD's is whole
+    grad = doc["upstream"]["grad"]
+    assert grad["ops"]["ADD"] == {"cases": 1, "supported": 1, "passed": 1, "failed": []}
+    assert grad["ops"]["GELU"] == {"cases": 1, "supported": 1, "passed": 0, "failed": ["type=f32,first"],
+                                   "exit": -6, "abort": "ggml.c:1: unsupported op for backward pass: GELU"}
+    assert grad["rc"] == -6 and grad["cases"] == 2       # each op's own rows (ADD's in GELU's run not again)
+    assert rc == 1
     assert "answer=42" in (out / "log.txt").read_text()
