@@ -173,6 +173,37 @@ def parse_sql(text: str) -> list[dict[str, str]]:
     return rows
 
 
+_CASE = re.compile(r"^  (?P<op>[A-Z0-9_]+)\((?P<params>.*)\): ?(?P<rest>.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_console(text: str) -> list[dict[str, str]]:
+    """The cases of a console run (the grad and test modes print their verdicts only
+    there): one row per case, as parse_sql's. A case may print several lines with its
+    params (grad mode prints "OK" before it has run, then the node it checked, which may
+    be another op, then its verdict): consecutive lines with the same params are one
+    case, and its last line says how it ended: "OK", "FAIL", "not supported [...]" or
+    "skipping large tensors" (both: not run)."""
+    rows: list[dict[str, str]] = []
+    last = None
+    for line in text.splitlines():
+        m = _CASE.match(_ANSI.sub("", line.rstrip()))
+        if not m:
+            continue
+        rest = m.group("rest").strip()
+        if last is not None and last["op_params"] == m.group("params"):
+            row = last
+        else:
+            row = {"op_name": m.group("op"), "op_params": m.group("params")}
+            rows.append(row)
+            last = row
+        ran = not rest.startswith(("not supported", "skipping"))
+        row["supported"] = "1" if ran else "0"
+        row["passed"] = "1" if ran and rest.endswith("OK") else "0"
+        row["error_message"] = rest[:300]
+    return rows
+
+
 def _true(v: str) -> bool:
     return v.strip().lower() in ("1", "true", "yes")
 
@@ -193,11 +224,13 @@ def summarize(rows: list[dict[str, str]], keep: int = 5) -> dict[str, dict[str, 
 
 
 def _abort_line(text: str) -> str:
-    """The line an aborted run printed about why (ggml's GGML_ABORT / GGML_ASSERT)."""
+    """The line an aborted run printed about why: ggml's GGML_ABORT and GGML_ASSERT
+    print "FILE:LINE: message"."""
     for line in text.splitlines():
-        if "GGML_ASSERT" in line or "unsupported" in line or "error" in line.lower() or "abort" in line.lower():
-            if not line.startswith(("INSERT", "$ ")):
-                return line.strip()[:300]
+        # (stderr may follow a partial stdout line); the file without its directory
+        m = re.search(r"(?:\S*/)?(\S+\.(?:c|cpp|h):\d+: .*)", line)
+        if m:
+            return m.group(1).strip()[:300]
     return ""
 
 
@@ -211,12 +244,16 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
     printed. Output is line-buffered (stdbuf) so that those are not lost with it."""
     line_buffered = ["stdbuf", "-oL"] if _have("stdbuf") else []
 
+    # support mode reports through the SQL printer; grad and test print their verdicts on
+    # the console only
+    sql = mode == "support"
+
     def one(op_filter: str | None) -> tuple[subprocess.CompletedProcess, list[dict[str, str]]]:
-        cmd: list = [*line_buffered, exe, mode, "-b", "CPU", "--output", "sql"]
+        cmd: list = [*line_buffered, exe, mode, "-b", "CPU", *(["--output", "sql"] if sql else [])]
         if op_filter:
             cmd += ["-o", op_filter]
         proc = _run(cmd, log, timeout)
-        return proc, parse_sql(proc.stdout)
+        return proc, parse_sql(proc.stdout) if sql else parse_console(proc.stdout)
 
     t0 = time.perf_counter()
     if per_op is None:
@@ -230,11 +267,16 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
     summary: dict[str, dict[str, Any]] = {}
     cases, rc = 0, 0
     for name, (proc, rows) in results:
-        got = summarize(rows).get(name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
+        # (a case is named by its first line: the op it was asked for)
+        got = summarize([r for r in rows if r["op_name"] == name]).get(
+            name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
         cases += got["cases"]
-        if proc.returncode:
-            got.update(exit=proc.returncode, abort=_abort_line(proc.stdout))
-            rc = rc or proc.returncode
+        # exit 1: some case failed (its verdicts say which); a signal, or another status
+        # with ggml's abort message, is the program dying in that op's run
+        why = _abort_line(proc.stdout)
+        if proc.returncode < 0 or (proc.returncode not in (0, 1)) or (proc.returncode and why):
+            got.update(exit=proc.returncode, abort=why)
+        rc = rc or proc.returncode
         summary[name] = got
     return {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "cases": cases, "ops": summary}
 

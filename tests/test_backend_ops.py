@@ -53,6 +53,34 @@ def test_the_sql_output_is_read_row_by_row():
                  "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
 
 
+# grad mode's console lines as ggml 0.25.3's test-backend-ops prints them (2026-12-03)
+GRAD_CONSOLE = """\
+Testing 1 devices
+
+Backend 1/1: CPU
+  ADD(type=f16,ne=[1,1,8,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0): not supported [out->type != FP32]
+  ADD(type=f32,ne=[1,1,8,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0): \x1b[1;32mOK\x1b[0m
+  SUM(type=f32,ne=[1,1,8,1],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0): \x1b[1;32mOK\x1b[0m
+  ADD(type=f32,ne=[1,1,320,320],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0): \x1b[1;32mOK\x1b[0m
+  ADD(type=f32,ne=[1,1,320,320],nr=[1,1,1,1],nf=1,perm1=0,src_overlap=0): skipping large tensors for speed 
+  SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3]): \x1b[1;32mOK\x1b[0m
+  SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3]): [SUM] MAA = 0.996977786 > 0.000100000 \x1b[1;31mFAIL\x1b[0m
+  SUM(type=f32,ne=[33,256,1,1],permute=[1,0,2,3]): compare failed \x1b[1;31mFAIL\x1b[0m
+  20766/20766 tests passed
+"""
+
+
+def test_the_console_output_is_read_case_by_case():
+    rows = bo.parse_console(GRAD_CONSOLE)
+    assert [(r["op_name"], r["supported"], r["passed"]) for r in rows] == [
+        ("ADD", "0", "0"),          # not supported
+        ("ADD", "1", "1"),          # "OK" before it ran, then the SUM node it checked: OK
+        ("ADD", "0", "0"),          # skipped (its early "OK" is not its verdict)
+        ("SUM", "1", "0")]          # MAA past the bound
+    assert rows[3]["error_message"] == "compare failed FAIL"
+    assert bo.summarize(rows)["SUM"]["failed"] == ["type=f32,ne=[33,256,1,1],permute=[1,0,2,3]"]
+
+
 def test_a_quote_in_a_value_is_read_back():
     line = insert("X", "it''s", True, True)          # SQL doubles a quote
     assert bo.parse_sql(line)[0]["op_params"] == "it's"
@@ -140,21 +168,35 @@ FAKE_TBO = r"""
 #include <cstdlib>
 #include <cstring>
 extern "C" int fake_ggml_answer(void);
+// prints what test-backend-ops prints: support mode through its SQL printer, grad mode on
+// the console (a case's params on each of its lines, its verdict last, ANSI colours)
 int main(int argc, char ** argv) {
     const char * mode = argc > 1 ? argv[1] : "test";
-    if (argc < 6 || strcmp(argv[2], "-b") || strcmp(argv[3], "CPU") || strcmp(argv[5], "sql")) return 3;
-    printf("CREATE TABLE IF NOT EXISTS test_backend_ops (op_name TEXT);\n");
-    printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
-           "VALUES ('ADD', 'answer=%d', '%s', '1', '1');\n", fake_ggml_answer(), mode);
-    const char * only = argc > 7 ? argv[7] : "";
-    if (!strcmp(mode, "grad") && !strcmp(only, "GELU")) {
+    if (argc < 4 || strcmp(argv[2], "-b") || strcmp(argv[3], "CPU")) return 3;
+    const char * only = "";
+    for (int i = 4; i + 1 < argc; i++) if (!strcmp(argv[i], "-o")) only = argv[i + 1];
+    if (!strcmp(mode, "support")) {
+        printf("CREATE TABLE IF NOT EXISTS test_backend_ops (op_name TEXT);\n");
         printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
-               "VALUES ('GELU', 'type=f32,first', 'grad', '1', '0');\n");
+               "VALUES ('ADD', 'answer=%d', 'support', '1', '1');\n", fake_ggml_answer());
+        printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
+               "VALUES ('GELU', 'type=bf16', 'support', '0', '0');\n");
+        return 0;
+    }
+    printf("Testing 1 devices\n\n");
+    if (!strcmp(only, "ADD")) {
+        printf("  ADD(answer=%d): \033[1;32mOK\033[0m\n", fake_ggml_answer());
+        printf("  SUM(answer=%d): \033[1;32mOK\033[0m\n", fake_ggml_answer());    // the same case
+        printf("  ADD(type=f16): not supported [out->type != FP32]\n");
+    }
+    if (!strcmp(only, "GELU")) {
+        printf("  GELU(type=f32,first): \033[1;32mOK\033[0m\n");
+        printf("  GELU(type=f32,first): [GELU] MAA = 0.5 > 0.0001 \033[1;31mFAIL\033[0m\n");
+        printf("  GELU(type=f32,second): ");
+        fflush(stdout);                         // as test-backend-ops does before it runs a case
         fprintf(stderr, "ggml.c:1: unsupported op for backward pass: GELU\n");
         abort();
     }
-    printf("INSERT INTO test_backend_ops (op_name, op_params, test_mode, supported, passed) "
-           "VALUES ('GELU', 'type=bf16', '%s', '0', '0');\n", mode);
     return 0;
 }
 """
@@ -177,12 +219,13 @@ def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
         "ADD": {"cases": 1, "supported": 1, "passed": 1, "failed": []},          # linked: the tree's answer
         "GELU": {"cases": 1, "supported": 0, "passed": 0, "failed": []}}
     assert doc["upstream"]["support"]["rc"] == 0
-    # grad runs per op: GELU's run aborts (after the row it printed, which is kept: line
-    # buffered), ADD's is whole
+    # grad runs per op, read from the console: GELU's run aborts in its second case (the
+    # lines before it are kept: line buffered), ADD's is whole
     grad = doc["upstream"]["grad"]
-    assert grad["ops"]["ADD"] == {"cases": 1, "supported": 1, "passed": 1, "failed": []}
-    assert grad["ops"]["GELU"] == {"cases": 1, "supported": 1, "passed": 0, "failed": ["type=f32,first"],
+    assert grad["ops"]["ADD"] == {"cases": 2, "supported": 1, "passed": 1, "failed": []}
+    assert grad["ops"]["GELU"] == {"cases": 2, "supported": 2, "passed": 0,
+                                   "failed": ["type=f32,first", "type=f32,second"],
                                    "exit": -6, "abort": "ggml.c:1: unsupported op for backward pass: GELU"}
-    assert grad["rc"] == -6 and grad["cases"] == 2       # each op's own rows (ADD's in GELU's run not again)
+    assert grad["rc"] == -6 and grad["cases"] == 4
     assert rc == 1
     assert "answer=42" in (out / "log.txt").read_text()
