@@ -367,6 +367,16 @@ def compare(upstream: dict[str, Any], ours: dict[str, dict[str, dict[str, int]]]
     return found
 
 
+def verdict(s: dict[str, Any]) -> str:
+    """One op's upstream outcome in the words of pyggml's sweep (its HTML grid's cells):
+    "crashed" where the program died in it, "skipped" where no case ran, "ok" or "fail"."""
+    if s.get("exit"):
+        return "crashed"
+    if not s["supported"]:
+        return "skipped"
+    return "ok" if s["passed"] == s["supported"] else "fail"
+
+
 def _counts(c: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "not swept"
 

@@ -421,6 +421,22 @@ def run_upstream_tests(row: dict, kind: str, arg: str, out: Path, py: Path, step
     row["upstream_tests"]["rc"] = ran.returncode
 
 
+def upstream_columns(rows: list[dict], ops: list[str]) -> dict[str, dict[str, str]]:
+    """For the HTML grid: per spec that ran upstream's test-backend-ops, a column of its
+    grad verdict beside pyggml's sweep, per pyggml op (through the node the op makes)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import backend_ops
+
+    makes = backend_ops.makes_by_function()
+    cols: dict[str, dict[str, str]] = {}
+    for r in rows:
+        grad = ((r.get("upstream_tests") or {}).get("upstream") or {}).get("grad", {}).get("ops", {})
+        if grad:
+            cols[f"{r['spec']}: test-backend-ops grad"] = {
+                op: backend_ops.verdict(grad[makes[op]]) for op in ops if makes.get(op) in grad}
+    return cols
+
+
 def upstream_tests_report(rows: list[dict]) -> str:
     """Per spec that ran it: test-backend-ops' verdicts and where they and pyggml's disagree."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -805,7 +821,12 @@ def write_html(rows: list[dict], items: list[dict], path: Path, workdir: Path) -
         for op, o in (r.get("diff") or {}).get("per_op", {}).items():
             if o["beyond"] and cells.get(op, {}).get(r["spec"]) == "ok":
                 cells[op][r["spec"]] = "fail"      # its own sweep passed, but it disagrees with the first spec
-    matrix = {"builds": [r["spec"] for r in rows], "cells": cells, "timeline": items}
+    builds = [r["spec"] for r in rows]
+    for col, per_op in upstream_columns(rows, ops).items():
+        builds.append(col)
+        for op, v in per_op.items():
+            cells[op][col] = v
+    matrix = {"builds": builds, "cells": cells, "timeline": items}
     mpath = workdir / "matrix-html.json"
     mpath.write_text(json.dumps(matrix))
     proc = subprocess.run([base["python"], "-c", HTML_SCRIPT, base["parity_json"], str(mpath), str(path.resolve())],

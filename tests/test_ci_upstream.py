@@ -483,6 +483,17 @@ def test_upstream_tests_run_only_for_the_specs_named(tmp_path, monkeypatch, caps
     assert "ADD: upstream runs 3/3 cases; pyggml refused all 2" in text
 
 
+def test_the_html_grid_gets_a_column_of_upstreams_gradient_verdicts():
+    grad = {"ADD": {"cases": 4, "supported": 4, "passed": 4, "failed": []},
+            "SUM": {"cases": 7, "supported": 7, "passed": 6, "failed": ["permute=[1,0,2,3]"]},
+            "GELU": {"cases": 12, "supported": 0, "passed": 0, "failed": []},
+            "REGLU": {"cases": 17, "supported": 17, "passed": 17, "failed": [], "exit": -6, "abort": "ggml.c:1: x"}}
+    rows = [{"spec": "vendored"}, {"spec": "sdist:x==1", "upstream_tests": {"upstream": {"grad": {"ops": grad}}}}]
+    cols = ci.upstream_columns(rows, ["add", "add_inplace", "sum", "gelu", "reglu", "mul"])
+    assert cols == {"sdist:x==1: test-backend-ops grad": {"add": "ok", "add_inplace": "ok", "sum": "fail",
+                                                          "gelu": "skipped", "reglu": "crashed"}}
+
+
 def test_a_prebuilt_ggml_has_no_tree_for_upstreams_tests(tmp_path):
     row = {}
     ci.run_upstream_tests(row, "pypi", "libggml-python==0.17.0", tmp_path, Path(sys.executable),
