@@ -51,7 +51,8 @@ SOURCE = "test-backend-ops.cpp"
 MODES = ("support", "grad", "test")
 DEFAULT_MODES = ("support", "grad")
 BUILD_TIMEOUT_S = 1800
-RUN_TIMEOUT_S = 1800
+RUN_TIMEOUT_S = 1800          # one run of a whole mode
+OP_TIMEOUT_S = 300            # one op's run, where a mode runs per op (a slow op is named, not waited for)
 
 CMAKE = """\
 # written by pyggml's scripts/backend_ops.py: upstream's test-backend-ops, linked against
@@ -252,7 +253,7 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
         cmd: list = [*line_buffered, exe, mode, "-b", "CPU", *(["--output", "sql"] if sql else [])]
         if op_filter:
             cmd += ["-o", op_filter]
-        proc = _run(cmd, log, timeout)
+        proc = _run(cmd, log, timeout if op_filter is None or per_op is None else min(timeout, OP_TIMEOUT_S))
         return proc, parse_sql(proc.stdout) if sql else parse_console(proc.stdout)
 
     t0 = time.perf_counter()
@@ -273,7 +274,7 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
         cases += got["cases"]
         # exit 1: some case failed (its verdicts say which); a signal, or another status
         # with ggml's abort message, is the program dying in that op's run
-        why = _abort_line(proc.stdout)
+        why = _abort_line(proc.stdout) or (f"ran past {OP_TIMEOUT_S} s (killed)" if proc.returncode == 124 else "")
         if proc.returncode < 0 or (proc.returncode not in (0, 1)) or (proc.returncode and why):
             got.update(exit=proc.returncode, abort=why)
         rc = rc or proc.returncode

@@ -229,3 +229,20 @@ def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
     assert grad["rc"] == -6 and grad["cases"] == 4
     assert rc == 1
     assert "answer=42" in (out / "log.txt").read_text()
+
+
+def test_an_op_whose_run_does_not_end_is_named_and_the_others_still_run(tmp_path, monkeypatch):
+    exe = tmp_path / "fake-backend-ops"
+    exe.write_text("#!/bin/sh\n"
+                   "[ \"$4\" = \"-o\" ] || exit 3\n"
+                   "[ \"$5\" = SLOW ] && exec sleep 60\n"
+                   "printf '  %s(ne=[1]): OK\\n' \"$5\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(bo, "OP_TIMEOUT_S", 1)
+    t0 = time.monotonic()
+    got = bo.run_mode(exe, "grad", tmp_path / "log", per_op=["ADD", "SLOW", "MUL"], jobs=2)
+    assert time.monotonic() - t0 < 20
+    assert got["ops"]["ADD"] == got["ops"]["MUL"] == {"cases": 1, "supported": 1, "passed": 1, "failed": []}
+    assert got["ops"]["SLOW"] == {"cases": 0, "supported": 0, "passed": 0, "failed": [], "exit": 124,
+                                  "abort": "ran past 1 s (killed)"}
+    assert bo.verdict(got["ops"]["SLOW"]) == "crashed" and bo.verdict(got["ops"]["ADD"]) == "ok"
