@@ -269,13 +269,17 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
     cases, rc = 0, 0
     for name, (proc, rows) in results:
         # (a case is named by its first line: the op it was asked for)
-        got = summarize([r for r in rows if r["op_name"] == name]).get(
-            name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
-        cases += got["cases"]
+        mine = [r for r in rows if r["op_name"] == name]
         # exit 1: some case failed (its verdicts say which); a signal, or another status
         # with ggml's abort message, is the program dying in that op's run
         why = _abort_line(proc.stdout) or (f"ran past {OP_TIMEOUT_S} s (killed)" if proc.returncode == 124 else "")
-        if proc.returncode < 0 or (proc.returncode not in (0, 1)) or (proc.returncode and why):
+        died = proc.returncode < 0 or proc.returncode not in (0, 1) or bool(proc.returncode and why)
+        if died and mine and not sql:
+            # the case it died in: grad mode prints "OK" for a case before running it
+            mine[-1].update(supported="1", passed="0", error_message=why or f"exit {proc.returncode}")
+        got = summarize(mine).get(name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
+        cases += got["cases"]
+        if died:
             got.update(exit=proc.returncode, abort=why)
         rc = rc or proc.returncode
         summary[name] = got
