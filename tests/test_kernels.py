@@ -173,17 +173,23 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     assert "vendored: kernels" not in text
 
 
+def _slow_graph(ctx):
+    """Four 1536^3 products: seconds of one thread, far past the limits the tests set."""
+    a = ctx.from_numpy(np.ones((1536, 1536), np.float32))
+    t = a
+    for _ in range(4):
+        t = pyggml.mul_mat(ctx, a, t)
+    g = pyggml.Graph(ctx, 16)
+    g.build_forward_expand(t)
+    return g
+
+
 def test_a_proof_that_runs_past_its_time_is_a_kernel_timeout():
     """The proof's child is killed at its limit; the error is a KernelTimeout (a GGMLAbort)
     carrying the limit, not a hang of the caller."""
     import time
     with pyggml.Context(256 << 20) as ctx:
-        a = ctx.from_numpy(np.ones((1536, 1536), np.float32))
-        t = a
-        for _ in range(4):
-            t = pyggml.mul_mat(ctx, a, t)
-        g = pyggml.Graph(ctx, 16)
-        g.build_forward_expand(t)
+        g = _slow_graph(ctx)
         t0 = time.monotonic()
         with pytest.raises(pyggml.KernelTimeout, match="did not finish in the proof's") as e:
             pyggml._cpu.prove(g, 0.001)
@@ -203,12 +209,7 @@ def test_the_proof_time_limit_is_set_per_process_and_every_proof_keeps_it():
     trusted = not _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, True)   # as a changed kernel: proven
     try:
         ctx = pyggml.Context(256 << 20)
-        a = ctx.from_numpy(np.ones((1536, 1536), np.float32))
-        t = a
-        for _ in range(4):
-            t = pyggml.mul_mat(ctx, a, t)
-        g = pyggml.Graph(ctx, 16)
-        g.build_forward_expand(t)
+        g = _slow_graph(ctx)
     finally:
         _core._set_kernel_untrusted(pyggml.Op.MUL_MAT, not trusted)
     with ctx:
