@@ -3,7 +3,6 @@ item 4). The reading of its output and the comparison are checked on made-up out
 the build and the run on a tiny stand-in ggml tree (a ``ggml`` library and a program
 that prints what test-backend-ops prints), compiled with the machine's CMake."""
 
-import importlib.util
 import json
 import shutil
 import textwrap
@@ -11,18 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from sources import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("backend_ops_under_test", ROOT / "scripts" / "backend_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bo = _load()
+bo = load_script("backend_ops", "backend_ops_under_test")
 
 FIELDS = ("test_time, build_commit, backend_name, op_name, op_params, test_mode, supported, passed, error_message, "
           "time_us, flops, bandwidth_gb_s, memory_kb, n_runs, device_description, backend_reg_name")

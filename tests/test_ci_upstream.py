@@ -2,7 +2,6 @@
 moves the user's checkout (issue 17, item 14). Nothing here builds pyggml: the build steps
 are stubbed."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -10,18 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from sources import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("ci_upstream_under_test", ROOT / "scripts" / "ci_upstream.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ci = _load()
+ci = load_script("ci_upstream", "ci_upstream_under_test")
 
 
 # --- one work directory per distinct spec ----------------------------------------------

@@ -2,17 +2,15 @@
 its content changed; a failed module fails the batch and leaves no file behind; the depfile
 lists what each module reads, only below the folders the build names."""
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+from sources import load_source
 
 pytest.importorskip("Cython")
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("_cythonize", ROOT / "pyggml" / "_cythonize.py")
-cythonize = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cythonize)
+cythonize = load_source("pyggml/_cythonize.py", "_cythonize")
 
 
 def _tree(tmp_path):

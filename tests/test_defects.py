@@ -2,12 +2,11 @@
 id the kernel rules, the backward checks, the op samples or the tests use is a record
 there, and the probes run on the linked ggml."""
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from sources import load_script, load_source
 
 import pyggml
 from pyggml import defects
@@ -38,13 +37,7 @@ def test_every_defect_id_in_use_has_a_record():
 @pytest.mark.skipif(not (ROOT / "pyggml" / "csrc").exists(), reason="needs the source tree")
 def test_the_c_code_names_defects_by_their_generated_symbols():
     # the generator is a build input, not installed: load it from the source tree
-    spec = importlib.util.spec_from_file_location("_gen_ops_for_test", ROOT / "pyggml" / "_gen_ops.py")
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gen
-    try:
-        spec.loader.exec_module(gen)
-    finally:
-        del sys.modules[spec.name]
+    gen = load_source("pyggml/_gen_ops.py", "_gen_ops_for_test")
     defect_symbol = gen.defect_symbol
     header = gen.gen_defects_header(str(ROOT / "pyggml" / "defects.py"))
     for d in defects.DEFECTS:
@@ -127,9 +120,7 @@ def test_present_follows_the_probes_of_kernel_verdicts():
 def test_the_sanitized_build_suppresses_exactly_the_recorded_upstream_ub(tmp_path):
     """scripts/sanitize.py hands UBSan the suppressions of the records (Defect.ubsan), one
     check at one function each, and keeps every other report fatal."""
-    spec = importlib.util.spec_from_file_location("sanitize_for_test", ROOT / "scripts" / "sanitize.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("sanitize", "sanitize_for_test")
     want = [s for d in defects.DEFECTS for s in d.ubsan]
     assert want and script.ubsan_suppressions() == want
     for line in want:

@@ -2,22 +2,20 @@
 (pyggml/_kernels.py) and compared with the print pyggml's rules were written against
 (pyggml/kernels.txt); an op whose kernel differs is not trusted to its rule."""
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sources import load_script, load_source
 
 import pyggml
 from pyggml import _core
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "vendor" / "ggml" / "src" / "ggml-cpu"
-_spec = importlib.util.spec_from_file_location("pyggml_kernels_under_test", ROOT / "pyggml" / "_kernels.py")
-kern = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(kern)
+kern = load_source("pyggml/_kernels.py", "pyggml_kernels_under_test")
 
 needs_tree = pytest.mark.skipif(not (CPU / "ggml-cpu.c").is_file(), reason="vendor/ggml is not populated")
 
@@ -155,9 +153,7 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     assert store.build_identity()["untrusted_kernels"] == (
         _core.kernel_trust()["untrusted"] if _core.kernel_trust()["known"]
         else "unknown: a prebuilt ggml, no kernel trusted (every graph proven)")
-    spec = importlib.util.spec_from_file_location("ci_upstream_k", ROOT / "scripts" / "ci_upstream.py")
-    ci = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ci)
+    ci = load_script("ci_upstream", "ci_upstream_k")
     ops = {"wrapped": ["GGML_OP_ADD"], "not_wrapped": {}}
     builders = {"bound": ["add"], "not_bound": {}, "header_only": []}
     rows = [dict(spec="vendored", ggml_version="0.20.2", ops=ops, builders=builders,

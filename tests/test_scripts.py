@@ -1,7 +1,6 @@
 """The project's scripts and command line: vendoring, the upstream matrix's arguments, the CLI."""
 
 import hashlib
-import importlib.util
 import io
 import json
 import subprocess
@@ -13,20 +12,13 @@ import numpy as np
 import pytest
 
 import pyggml
+from sources import load_script, load_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod          # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-vendor = load("vendor_ggml")
-ci = load("ci_upstream")
+vendor = load_script("vendor_ggml")
+ci = load_script("ci_upstream")
 
 
 def make_sdist(path, members, links=()):
@@ -304,10 +296,7 @@ def test_matrix_reports_op_changes_between_specs():
 def test_the_drift_report_sees_every_ggml_api_function():
     """Not only graph builders: a function without a context (ggml_rope_set_offset, new
     after 0.20.2) and deprecated ones count; a declaration in a comment does not."""
-    spec = importlib.util.spec_from_file_location("gen_ops_api", ROOT / "pyggml" / "_gen_ops.py")
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules["gen_ops_api"] = gen          # dataclasses look their module up there
-    spec.loader.exec_module(gen)
+    gen = load_source("pyggml/_gen_ops.py", "gen_ops_api")
     src = gen.strip_c_comments(
         "GGML_API struct ggml_tensor * ggml_add(struct ggml_context * ctx, struct ggml_tensor * a);\n"
         "GGML_API void ggml_rope_set_offset(struct ggml_tensor * t, int64_t offset);\n"
@@ -495,7 +484,7 @@ def test_bisect_finds_the_first_commit_that_changed(tmp_path):
     assert bad.returncode == 2 and "needs --good REV, --bad REV" in bad.stderr
 
 
-patch = load("patch_upstream")
+patch = load_script("patch_upstream")
 
 
 @pytest.fixture
