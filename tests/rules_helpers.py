@@ -78,6 +78,33 @@ def refused_verdict(build, cls, match):
     return kernel_verdict(build)
 
 
+def untrusted(op):
+    """op's CPU kernel in the linked ggml is not the one pyggml's rule was written against
+    (a changed kernel, or a prebuilt ggml whose kernels are unknown)"""
+    return op in pyggml._core.kernel_trust()["untrusted"]
+
+
+def refused_where_kernel_aborts(build, cls, match, op):
+    """Both sides of a refusal clause that stands for the kernel's own abort (csrc
+    pg_kernel_aborts). Where ``op``'s kernel is the one the rule was written against,
+    pyggml refuses the node at the op call with ``cls``, and the kernel, rules off,
+    aborts: returns None. Where it changed, the rule does not refuse: the node builds
+    and its graph's proof decides. A kernel that still aborts is refused at compute
+    with its own message (GGMLAbort, the process alive): None; one that computes the
+    node: its values (float64), for the test to compare with a reference."""
+    if not untrusted(op):
+        refused_at_call(build, cls, match)
+        assert kernel_verdict(build) == "abort"
+        return None
+    with pyggml.Context(SCRATCH) as ctx:
+        t = build(ctx)
+        try:
+            return computed(ctx, t)
+        except pyggml.GGMLAbort as e:
+            assert not isinstance(e, pyggml.UpstreamDefect), e      # an abort, not a read out of bounds
+            return None
+
+
 def compute(ctx, t, n_threads=1):
     """t's values (a copy, in t's dtype) after computing its graph"""
     g = pyggml.Graph(ctx, 64)

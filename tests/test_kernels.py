@@ -137,7 +137,8 @@ def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
             assert g.unchecked_ops == 1
             g.compute(1)
             np.testing.assert_array_equal(c.numpy(), np.arange(6) + 1)
-            # a node the rule refuses stays refused: distrust never lets more through
+            # a node the rule refuses for silent harm stays refused (ADD's kernel would read the
+            # Q8_0 b as floats: not an abort the proof could see)
             q8 = ctx.new_tensor(pyggml.Type.Q8_0, (32, 2))
             with pytest.raises(pyggml.GGMLTypeError, match="ADD node refused"):
                 pyggml.add(ctx, ctx.new_tensor(pyggml.Type.F32, (32, 2)), q8)
@@ -146,6 +147,52 @@ def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
     assert "ADD" not in _core.kernel_trust()["untrusted"] or was
     with pytest.raises(pyggml.ArgumentError, match="no op"):
         _core._set_kernel_untrusted(10_000, True)
+
+
+def _set_untrusted(ops):
+    """mark each of ``ops`` changed; returns what to restore"""
+    return {op: _core._set_kernel_untrusted(getattr(pyggml.Op, op), True) for op in ops}
+
+
+def _restore(was):
+    for op, flag in was.items():
+        _core._set_kernel_untrusted(getattr(pyggml.Op, op), flag)
+
+
+def test_a_refusal_that_stands_for_an_abort_goes_to_the_proof_where_the_kernel_changed():
+    """pg_kernel_aborts: GLU's refusal of BF16 stands for its pinned kernel's GGML_ABORT.
+    Where GLU's kernel changed, the node builds (unchecked) and the graph's proof decides;
+    on the pinned kernel the proof sees the abort, and the compute raises it with ggml's
+    own message, the process alive. A refusal of silent harm (LEAKY_RELU's rows read out
+    of bounds) and a known defect's refusal (SET one element past its destination) stand
+    whatever the kernel."""
+    pinned_glu = "GLU" not in _core.kernel_trust()["untrusted"]
+    was = _set_untrusted(["GLU", "LEAKY_RELU", "SET"])
+    try:
+        with pyggml.Context(1 << 20) as ctx:
+            a = ctx.from_numpy(np.zeros((3, 8), np.uint16), type=pyggml.Type.BF16)
+            t = pyggml.swiglu(ctx, a)                   # not refused at the call
+            g = pyggml.Graph(ctx, 8)
+            g.build_forward_expand(t)
+            assert g.unchecked_ops == 1
+            if pinned_glu:
+                with pytest.raises(pyggml.GGMLAbort, match="fatal error") as e:
+                    g.compute(1)
+                assert not isinstance(e.value, pyggml.UpstreamDefect)
+            swapped = pyggml.permute(ctx, ctx.from_numpy(np.zeros((2, 3, 4, 6), np.float32)), 0, 2, 1, 3)
+            with pytest.raises(pyggml.KernelPreconditionError, match=r"contiguous over dims 1\.\.3"):
+                pyggml.leaky_relu(ctx, swapped, 0.1, False)
+            with pytest.raises(pyggml.UpstreamDefect, match="past src0") as d:
+                pyggml.set_1d(ctx, ctx.from_numpy(np.zeros(1024, np.float32)),
+                              ctx.from_numpy(np.ones(1, np.float32)), 4096)
+            assert d.value.defect == "set-bounds-off-by-one"
+    finally:
+        _restore(was)
+    with pyggml.Context(1 << 20) as ctx:       # and the kernel trusted again: refused at the call
+        a = ctx.from_numpy(np.zeros((3, 8), np.uint16), type=pyggml.Type.BF16)
+        if pinned_glu:
+            with pytest.raises(pyggml.GGMLTypeError, match="takes F32 or F16"):
+                pyggml.swiglu(ctx, a)
 
 
 def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, capsys):

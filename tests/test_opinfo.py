@@ -18,7 +18,7 @@ import pyggml
 from pyggml import _optable
 from pyggml.opinfo import registry
 from pyggml.opinfo._common import DOT_ONLY, QUANTIZED, SLOW_TO_QUANTIZE
-from pyggml.opinfo.harness import compute, grad_check, run
+from pyggml.opinfo.harness import compute, grad_check, kernels_trusted, run
 
 REG = registry()
 # samples are drawn from seeds fixed per op and type; PYGGML_SEED picks another set
@@ -110,7 +110,10 @@ def unlisted_types_taken(info) -> list[str]:
     its type argument gets its tensor args re-typed) must be refused before it computes:
     GGMLTypeError (a kernel rule), GGMLAbort (the builder's own GGML_ASSERT on the type)
     or UpstreamDefect (a known defect of that type). A type computed is a type the kernel
-    takes that the OpInfo neither lists nor samples."""
+    takes that the OpInfo neither lists nor samples. The rules decide as written
+    (kernels_trusted: on a ggml whose kernel changed, a refusal that stands for the old
+    kernel's abort would otherwise go to the proof, and the check would measure the new
+    kernel, not the rule), and each compute is proven first."""
     taken = []
     for t in CHECKED_TYPES:
         if t in info.types:
@@ -123,9 +126,9 @@ def unlisted_types_taken(info) -> list[str]:
         if not any(isinstance(a, pyggml.opinfo.Arg) for a in sample.args):
             continue                    # no tensor argument (arange): the type is not the caller's
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), kernels_trusted():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                compute(info, sample)
+                compute(info, sample, prove=True)
         except (pyggml.GGMLTypeError, pyggml.GGMLAbort, pyggml.UpstreamDefect):
             continue
         taken.append(t.name)
@@ -217,8 +220,8 @@ def widened_sample(info):
 
 def _builds(op: str, args, retype: dict) -> bool:
     """Whether pyggml builds op on tensors of these types and shapes (a no_alloc context:
-    its rules decide, nothing computes)."""
-    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+    its rules decide, as written, and nothing computes)."""
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx, kernels_trusted():
         call = [ctx.new_tensor(retype.get(i, a[0]), tuple(reversed(a[1]))) if _is_tensor_spec(a) else a
                 for i, a in enumerate(args)]
         try:

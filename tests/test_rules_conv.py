@@ -21,7 +21,7 @@ import pyggml
 from pyggml import OpPool, Type, defects
 from pyggml.opinfo import conv as C
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
-from rules_helpers import compute_unchecked, computed, refused, refused_size
+from rules_helpers import compute_unchecked, computed, refused, refused_size, refused_where_kernel_aborts
 
 F32, F16 = np.float32, np.float16
 ALIGN = int(pyggml.ScaleFlag.ALIGN_CORNERS)
@@ -863,14 +863,22 @@ def test_conv_1d_with_a_batch_is_refused_and_really_scrambled(op):
     np.testing.assert_allclose(got1.reshape(want[:1].shape), want[:1], atol=0.05)
 
 
-def test_conv_2d_dw_with_an_f32_kernel_is_not_computable_on_the_cpu():
+def test_conv_2d_dw_with_an_f32_kernel_is_refused_where_mul_mat_aborts():
     """ggml_conv_2d_dw makes F16 columns and multiplies them as mul_mat's src1 by the kernel
-    (src0): the CPU mul_mat takes src1 of F32 or src0's vec_dot type only (F32 for an F32
-    kernel). The core MUL_MAT rule refuses it; unrefused, the kernel aborts."""
+    (src0): the pinned CPU mul_mat takes src1 of F32 or src0's vec_dot type only (F32 for an
+    F32 kernel). The core MUL_MAT rule refuses it; unrefused, the kernel aborts. Where
+    MUL_MAT's kernel changed (ggml 0.25.3 converts the F16 columns), the proof decides,
+    and its values are checked against the float64 reference (the columns rounded to F16)."""
+    k = np.random.default_rng(0).standard_normal((3, 1, 3, 3)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32)
+
     def build(ctx):
-        return pyggml.conv_2d_dw(ctx, rand(ctx, (3, 1, 3, 3)), rand(ctx, (1, 3, 6, 6)), 1, 1, 0, 0, 1, 1)
-    refused(build, pyggml.GGMLTypeError, "MUL_MAT node refused: src1 must be F32 or f32")
-    assert kernel_verdict(build) == "abort"
+        return pyggml.conv_2d_dw(ctx, ctx.from_numpy(k), ctx.from_numpy(x), 1, 1, 0, 0, 1, 1)
+    out = refused_where_kernel_aborts(build, pyggml.GGMLTypeError, "MUL_MAT node refused: src1 must be F32 or f32",
+                                      "MUL_MAT")
+    if out is not None:
+        want = C._ref_conv_2d_dw(k.astype(np.float64), x.astype(np.float16).astype(np.float64), 1, 1, 0, 0, 1, 1)
+        np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)
 
 
 STRIDE_ZERO = [

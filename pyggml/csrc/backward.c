@@ -66,7 +66,7 @@ static int strides_overlap(const int64_t ne[4], const size_t nb[4], size_t elsiz
 }
 
 int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
-    pg_why why = {st->msg, sizeof st->msg, NULL};
+    pg_why why = {st->msg, sizeof st->msg, NULL, 0};
     pg_ptrset needs = {0};      /* tensors whose gradient is needed (params and what they feed) */
     pg_ptrset has = {0};        /* nodes that get a gradient (a loss, or what feeds one) */
     int rc = PYGGML_OK;

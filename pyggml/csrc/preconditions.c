@@ -29,6 +29,11 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...) {
     return PYGGML_REFUSED_TYPE;
 }
 
+int pg_kernel_aborts(pg_why * why, int rc) {
+    why->aborts = 1;
+    return rc;
+}
+
 int pg_rows_contiguous(const struct ggml_tensor * t) {
     return t->nb[0] == ggml_type_size(t->type);
 }
@@ -136,7 +141,8 @@ static pg_rule * slot_of(const char * name) {
  * UNCHECKED, not OK, so its graph runs through the fenced, forked proof before it computes
  * here. A build without kernel source to fingerprint (a prebuilt ggml: pyggml_kernels_known()
  * is 0) trusts no kernel: every op is untrusted, so every graph is proven before its
- * first compute (its rules still refuse what they refuse). The proof answers Ctrl-C at
+ * first compute. A rule's refusals stand, except those marked as standing for the old
+ * kernel's abort (pg_kernel_aborts): there the proof decides too. The proof answers Ctrl-C at
  * once (it runs on a worker thread) and copes with any graph size (csrc/guarded.c). */
 static unsigned char untrusted[MAX_OPS];
 static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
@@ -311,7 +317,7 @@ too_far:
 }
 
 int pyggml_check_node(const struct ggml_tensor * t, pyggml_status * st) {
-    pg_why why = {st->msg, sizeof st->msg, NULL};
+    pg_why why = {st->msg, sizeof st->msg, NULL, 0};
     ensure_init();
     pyggml_status_clear(st);
     if (!__atomic_load_n(&rules_enabled, __ATOMIC_RELAXED)) {
@@ -328,8 +334,14 @@ int pyggml_check_node(const struct ggml_tensor * t, pyggml_status * st) {
             return PYGGML_OK;           /* ggml_compute_forward skips a node with no elements */
         }
         rc = rule(t, &why);
-        if (rc == PYGGML_OK && __atomic_load_n(&untrusted[t->op], __ATOMIC_RELAXED)) {
-            return st->code = PYGGML_UNCHECKED;     /* its kernel changed: the rule is not enough */
+        if (__atomic_load_n(&untrusted[t->op], __ATOMIC_RELAXED)) {
+            if (rc == PYGGML_OK) {
+                return st->code = PYGGML_UNCHECKED;     /* its kernel changed: the rule is not enough */
+            }
+            if (why.aborts && why.defect == NULL) {     /* nor its refusal of what the old kernel aborted on */
+                pyggml_status_clear(st);
+                return st->code = PYGGML_UNCHECKED;
+            }
         }
     }
     if (rc == PYGGML_REFUSED || rc == PYGGML_REFUSED_TYPE) {

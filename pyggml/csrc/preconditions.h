@@ -18,6 +18,7 @@ typedef struct pg_why {
     char * buf;
     size_t cap;
     const char * defect;   /* a pyggml.defects id when the refusal is a known upstream defect */
+    int aborts;            /* the refusal stands for the kernel's own abort (pg_kernel_aborts) */
 } pg_why;
 
 typedef int (*pg_rule)(const struct ggml_tensor * t, pg_why * why);
@@ -37,6 +38,16 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* Marks a refusal as standing for an abort of the kernel the rule was written against (a
+ * GGML_ABORT or GGML_ASSERT that kills the process, measured by the clause's test as the
+ * kernel verdict "abort"), not for silent harm (a read out of bounds, a wrong value, a
+ * hang): `return pg_kernel_aborts(why, pg_refuse_type(why, ...));`. Where that op's kernel
+ * has changed (pyggml_kernel_untrusted), such a refusal is not kept: the node is UNCHECKED
+ * and the fenced, forked proof decides, so a changed kernel that now takes it is not
+ * refused falsely, and one that still aborts is refused with its own message. A refusal
+ * not marked so stands whatever the kernel. */
+int pg_kernel_aborts(pg_why * why, int rc);
 
 /* rules that several ops share because their kernels are one template: */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* rules_arith.c: binary-ops.cpp binary_op */

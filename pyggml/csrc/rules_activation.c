@@ -16,8 +16,9 @@ static int rule_gelu_like(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
     if (!(a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) || t->type != a->type) {
-        return pg_refuse_type(why, "the CPU kernel takes F32 or F16 (with a result of the same type), "
-                              "got src0 %s, result %s", pg_type(a), pg_type(t));
+        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel takes F32 or F16 (with a result of "
+                                                     "the same type), got src0 %s, result %s", pg_type(a),
+                                                     pg_type(t)));
     }
     return PYGGML_OK;
 }
@@ -53,8 +54,9 @@ static int rule_leaky_relu(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
     if (!(a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) || t->type != a->type) {
-        return pg_refuse_type(why, "the CPU kernel takes F32 or F16 (with a result of the same type), "
-                              "got src0 %s, result %s", pg_type(a), pg_type(t));
+        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel takes F32 or F16 (with a result of "
+                                                     "the same type), got src0 %s, result %s", pg_type(a),
+                                                     pg_type(t)));
     }
     if (ggml_nelements(t) == 0) {
         return PYGGML_OK;

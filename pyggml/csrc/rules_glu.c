@@ -14,8 +14,9 @@ static int glu_types(const struct ggml_tensor * t, pg_why * why, int f16_too) {
     PG_NEED_SRC(t, 0, why);
     int ok = a->type == GGML_TYPE_F32 || (f16_too && a->type == GGML_TYPE_F16);
     if (!ok || t->type != a->type) {
-        return pg_refuse_type(why, "the CPU kernel takes %s (with a result of the same type), got src0 %s, "
-                              "result %s", f16_too ? "F32 or F16" : "F32 only", pg_type(a), pg_type(t));
+        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel takes %s (with a result of the same "
+                                                     "type), got src0 %s, result %s", f16_too ? "F32 or F16" :
+                                                     "F32 only", pg_type(a), pg_type(t)));
     }
     return PYGGML_OK;
 }

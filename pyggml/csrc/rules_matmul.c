@@ -85,9 +85,10 @@ static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     if (tr == NULL || tr->vec_dot == NULL) {
         return pg_refuse_type(why, "the CPU kernel has no dot product for src0 of type %s", pg_type(a));
     }
-    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type) {
-        return pg_refuse_type(why, "src1 must be F32 or %s (the vec_dot type of src0's %s), got %s",
-                         ggml_type_name(tr->vec_dot_type), pg_type(a), pg_type(b));
+    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type) {      /* GGML_ASSERT(src1->type == F32) */
+        return pg_kernel_aborts(why, pg_refuse_type(why, "src1 must be F32 or %s (the vec_dot type of src0's %s), "
+                                                     "got %s", ggml_type_name(tr->vec_dot_type), pg_type(a),
+                                                     pg_type(b)));
     }
     if (ggml_is_transposed(a)) {
         return pg_refuse(why, "src0 must not be transposed (nb[0] > nb[1]); use cont()");

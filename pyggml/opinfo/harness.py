@@ -36,6 +36,22 @@ def rules_disabled():
         pyggml._core._set_rules_enabled(was)
 
 
+@contextlib.contextmanager
+def kernels_trusted():
+    """Within: every op's kernel is trusted to its rule, as on the release the rules were
+    written against, so the rules decide as written, whatever kernels the linked ggml has
+    (a refusal that stands for the old kernel's abort stays a refusal). For checks of the
+    rules themselves (an OpInfo's types against its rule); a graph computed within takes
+    no proof for its kernels' sake, so prove it (``compute(..., prove=True)``)."""
+    core = pyggml._core
+    was = {op: core._set_kernel_untrusted(op, False) for op in pyggml.Op}
+    try:
+        yield
+    finally:
+        for op, flag in was.items():
+            core._set_kernel_untrusted(op, flag)
+
+
 def kernel_verdict(build, timeout: float | None = None) -> str:
     """What the CPU kernel itself does with the node ``build(ctx)`` returns, rules off:
     "ok" (ran clean in the guarded child), "abort" (GGMLAbort: an assertion, or a fault
