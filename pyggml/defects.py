@@ -156,6 +156,18 @@ def _probe_conv_transpose_2d_batch():
     return "zeros" if not v[1].any() and v[0].any() else "wrong"
 
 
+def _probe_conv_2d_dw_f32_kernel():
+    import numpy as np
+
+    import pyggml
+
+    # conv_2d_dw of an F32 kernel, rules off: the pinned CPU mul_mat aborts on the F16
+    # columns the builder makes ("abort"); one that converts them computes it ("ok")
+    return _verdict(lambda ctx: pyggml.conv_2d_dw(ctx, ctx.from_numpy(np.ones((2, 1, 3, 3), np.float32)),
+                                                  ctx.from_numpy(np.ones((1, 2, 5, 5), np.float32)),
+                                                  1, 1, 0, 0, 1, 1))
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="rope-ndims0-hang",
@@ -583,8 +595,13 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("MUL_MAT",),
         where="ggml.c ggml_conv_2d_dw puts an F32 kernel as mul_mat's src0 with F16 im2col columns as src1; "
               "the CPU mul_mat takes src1 in src0's dot-product type or F32 only",
-        action="the MUL_MAT rule refuses the node (GGMLTypeError); use an F16 kernel",
+        action="the MUL_MAT rule refuses the node (GGMLTypeError); use an F16 kernel. The refusal stands for "
+               "the pinned mul_mat's abort (csrc pg_kernel_aborts): where MUL_MAT's kernel changed, the proof "
+               "decides, and ggml 0.25.3's mul_mat converts the columns (its probe; tests/test_rules_conv.py "
+               "checks its values)",
         seen_in=("0.20.2",),
+        probe=_probe_conv_2d_dw_f32_kernel,
+        probe_unit="kernel verdict, rules off, of conv_2d_dw with an F32 kernel ('abort': present; 'ok': absent)",
     ),
     Defect(
         id="kernel-out-of-bounds",

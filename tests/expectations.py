@@ -17,20 +17,14 @@ rule refused a type its 0.20.2 kernel aborts on (GLU and GELU & co on BF16,
 MUL_MAT on conv_2d_dw's F16 columns of an F32 kernel), which the changed 0.25.3 kernel
 computes. Such a refusal now stands for the old kernel's abort (csrc pg_kernel_aborts):
 where the kernel changed, the forked proof decides instead, and the tests check the
-values the new kernel computes against float64. The one left below is a refusal of
-another kind (a view of part of a block), which the rule reviews of the pin move
-(issue 24) must look at.
+values the new kernel computes against float64. The 16th was not a refusal at fault:
+CONCAT of a Q8_0 view of 1.5 blocks per row is refused at the view (no tensor ggml can
+size), and only the test's check of the old kernel's abort failed; it now checks that
+where CONCAT's kernel is the pinned one. Nothing is left to expect on 0.25.3.
 """
 
-FALSE_REFUSAL = "false refusal on this ggml: pyggml's 0.20.2 rule refuses what the changed kernel runs: "
-
-KNOWN_FAILURES: dict[str, dict[str, str]] = {
-    "0.25.3": {
-        "tests/test_rules_layout.py::test_concat_quantized_needs_whole_blocks":
-            FALSE_REFUSAL + "CONCAT of a Q8_0 view of partial blocks no longer aborts (verdict 'ok'; its values "
-                            "not yet checked)",
-    },
-}
+# {ggml version: {test node id (with or without its parameters): why it fails there}}
+KNOWN_FAILURES: dict[str, dict[str, str]] = {}
 
 
 def known_failure(nodeid: str, ggml_version: str) -> str | None:

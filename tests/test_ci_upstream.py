@@ -735,5 +735,14 @@ def test_every_known_failure_names_a_test_that_exists():
             assert path.startswith("tests/") and (ROOT / path).is_file(), key
             assert re.search(rf"^def {re.escape(name.split('[')[0])}\(", (ROOT / path).read_text(), re.M), key
             assert why.strip(), key
-            assert known_failure(key + "[x-y]", version) == why
-            assert known_failure(key, "0.0.0") is None
+
+
+def test_a_known_failure_names_a_test_with_or_without_its_parameters(monkeypatch):
+    import expectations
+    monkeypatch.setattr(expectations, "KNOWN_FAILURES", {
+        "9.9.9": {"tests/test_x.py::test_all": "every parameter", "tests/test_x.py::test_one[b]": "one"}})
+    assert expectations.known_failure("tests/test_x.py::test_all[a-1]", "9.9.9") == "every parameter"
+    assert expectations.known_failure("tests/test_x.py::test_all", "9.9.9") == "every parameter"
+    assert expectations.known_failure("tests/test_x.py::test_one[b]", "9.9.9") == "one"
+    assert expectations.known_failure("tests/test_x.py::test_one[c]", "9.9.9") is None
+    assert expectations.known_failure("tests/test_x.py::test_all[a-1]", "0.20.2") is None

@@ -23,7 +23,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
 from pyggml.opinfo import Arg, Sample, registry
-from rules_helpers import refused, compute_unchecked
+from rules_helpers import compute_unchecked, refused, untrusted
 
 
 @pytest.fixture
@@ -68,8 +68,13 @@ def test_concat_quantized_needs_contiguous_rows():
 
 
 def test_concat_quantized_needs_whole_blocks():
+    # a Q8_0 row of 1.5 blocks is no tensor ggml can size (ggml_row_size asserts whole
+    # blocks in debug builds): the view is refused whatever the kernels. The pinned CONCAT
+    # kernel aborts on it; where CONCAT's kernel changed (ggml 0.25.3 runs it) that says
+    # nothing about the refusal, which is the view's
     refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
-    assert kernel_verdict(_concat_q_partial_blocks) == "abort"
+    if not untrusted("CONCAT"):
+        assert kernel_verdict(_concat_q_partial_blocks) == "abort"
 
 
 # --- GET_ROWS -------------------------------------------------------------------------------
