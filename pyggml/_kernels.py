@@ -31,6 +31,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 OP_LEVEL = ("ggml-cpu.c", "ops.cpp", "unary-ops.cpp", "binary-ops.cpp")
 DISPATCH = "ggml-cpu.c"
@@ -86,9 +87,10 @@ def case_blocks(text: str) -> dict[str, list[str]]:
     return out
 
 
-def fingerprints(src_cpu: str) -> dict[str, str]:
-    """op (``ROPE``, ``UNARY``, ...) -> the sha256 of its kernel's text, for the
-    ggml-cpu source folder ``src_cpu`` (a tree's ``src/ggml-cpu``)."""
+def kernel_texts(src_cpu: str) -> dict[str, list[tuple[str, str]]]:
+    """op -> what its print is made of, in order, for the ggml-cpu source folder
+    ``src_cpu``: ("case", block) for each dispatch block, then (function, body) for each
+    function the dispatch reaches (the closure of the calls, breadth first)."""
     texts = {}
     for name in OP_LEVEL:
         path = os.path.join(src_cpu, name)
@@ -103,11 +105,9 @@ def fingerprints(src_cpu: str) -> dict[str, str]:
             defs[fn] = defs.get(fn, "") + body
     blocks = case_blocks(texts[DISPATCH])
     blocks.pop("COUNT", None)             # GGML_OP_COUNT: a switch's guard, not an op
-    prints = {}
+    out = {}
     for op, blks in sorted(blocks.items()):
-        h = hashlib.sha256()
-        for b in blks:
-            h.update(b.encode())
+        parts = [("case", b) for b in blks]
         seen: set[str] = set()
         todo = [c for b in blks for c in _CALL.findall(b) if c in defs]
         while todo:                       # the closure of the calls, in a fixed order
@@ -115,28 +115,88 @@ def fingerprints(src_cpu: str) -> dict[str, str]:
             if fn in seen:
                 continue
             seen.add(fn)
-            h.update(f"\n{fn}\n".encode())
-            h.update(defs[fn].encode())
+            parts.append((fn, defs[fn]))
             todo.extend(c for c in _CALL.findall(defs[fn]) if c in defs and c not in seen)
+        out[op] = parts
+    return out
+
+
+def fingerprints(src_cpu: str) -> dict[str, str]:
+    """op (``ROPE``, ``UNARY``, ...) -> the sha256 of its kernel's text, for the
+    ggml-cpu source folder ``src_cpu`` (a tree's ``src/ggml-cpu``)."""
+    prints = {}
+    for op, parts in kernel_texts(src_cpu).items():
+        h = hashlib.sha256()
+        for name, text in parts:
+            h.update(text.encode() if name == "case" else f"\n{name}\n".encode() + text.encode())
         prints[op] = h.hexdigest()
     return prints
 
 
+def kernel_diff(op: str, old_cpu: str, new_cpu: str) -> str:
+    """A unified diff of what ``op``'s print is made of between two ggml-cpu folders, one
+    statement per line: what a rule review of a changed kernel reads."""
+    import difflib
+
+    def lines(src_cpu: str) -> list[str]:
+        out = []
+        for name, text in kernel_texts(src_cpu).get(op, []):
+            out.append(f"==== {name}")
+            out += [ln.strip() + "\n" for ln in re.sub(r"([;{}])", r"\1\n", text).splitlines() if ln.strip()]
+        return [ln if ln.endswith("\n") else ln + "\n" for ln in out]
+    return "".join(difflib.unified_diff(lines(old_cpu), lines(new_cpu), f"{op} ({old_cpu})", f"{op} ({new_cpu})",
+                                        n=2))
+
+
 def read_prints(path: str) -> dict[str, str]:
-    out = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                op, digest = line.split()
-                out[op] = digest
+    """op -> the print of the pinned release's kernel (the lines without a release)."""
+    return {op: digest for op, digest, release in _lines(path) if not release}
+
+
+def read_accepted(path: str) -> dict[str, set[str]]:
+    """op -> every print its rule holds for: the pinned release's, and each print of
+    another release's kernel that a rule review accepted (``OP DIGEST RELEASE``)."""
+    out: dict[str, set[str]] = {}
+    for op, digest, _ in _lines(path):
+        out.setdefault(op, set()).add(digest)
     return out
 
 
-def changed(expected: dict[str, str], got: dict[str, str]) -> list[str]:
-    """The ops whose kernel print in ``got`` is not the one the rules were written against
-    (new ops too: no rule was written against them)."""
-    return sorted(op for op in set(expected) | set(got) if expected.get(op) != got.get(op))
+def _lines(path: str) -> list[tuple[str, str, str]]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                op, digest, *release = line.split()
+                out.append((op, digest, release[0] if release else ""))
+    return out
+
+
+def changed(expected: Mapping[str, str | set[str]], got: dict[str, str]) -> list[str]:
+    """The ops whose kernel print in ``got`` is not one the rules were written against or
+    reviewed for (``expected``: op -> a print, or a set of them; new ops too: no rule was
+    written against them)."""
+    def holds(op: str) -> bool:
+        want, have = expected.get(op), got.get(op)
+        return have is not None and want is not None and (have == want if isinstance(want, str) else have in want)
+    return sorted(op for op in set(expected) | set(got) if not holds(op))
+
+
+def review(path: str, ops: list[str], got: dict[str, str], release: str) -> list[str]:
+    """Record that each of ``ops``' rules holds for its kernel in ``got`` (a tree of
+    ``release``), after reading ``--diff``: appends ``OP DIGEST RELEASE`` lines to the
+    prints file. Returns the lines added (none for a print already there)."""
+    accepted = read_accepted(path)
+    added = []
+    for op in ops:
+        if op not in got:
+            raise KeyError(f"{op}: no such op in the tree")
+        if got[op] not in accepted.get(op, set()):
+            added.append(f"{op} {got[op]} {release}\n")
+    with open(path, "a") as f:
+        f.writelines(added)
+    return added
 
 
 def gen_header(changed_ops: list[str] | None, tree: str) -> str:
@@ -153,6 +213,14 @@ def gen_header(changed_ops: list[str] | None, tree: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+HEADER = ("# The CPU kernels pyggml's rules were written against: one sha256 per op, made by\n"
+          "# pyggml/_kernels.py from ggml's source (see its docstring). Rewrite with\n"
+          "#   python pyggml/_kernels.py --tree vendor/ggml --expected pyggml/kernels.txt --write\n"
+          "# only after checking each changed op's rule against its new kernel. A line\n"
+          "# `OP DIGEST RELEASE` is a kernel of another release whose diff (--diff) a rule review\n"
+          "# read and found the rule still right for (--review): that op is trusted there too.\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", help="the ggml tree being built (the folder with src/ggml-cpu); none: unknown")
@@ -160,19 +228,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write pyggml_kernels.h here")
     ap.add_argument("--write", action="store_true",
                     help="write the tree's prints to --expected (for the pinned release, after a rule review)")
+    ap.add_argument("--diff", nargs="+", metavar="OP",
+                    help="print what changed in these ops' kernels from the --against tree to --tree")
+    ap.add_argument("--against", help="the tree the rules were written against (for --diff; vendor/ggml)")
+    ap.add_argument("--review", nargs="+", metavar="OP",
+                    help="record that these ops' rules hold for their kernels in --tree, a tree of --release")
+    ap.add_argument("--release", help="the ggml release of --tree (for --review)")
     args = ap.parse_args(argv)
     got = fingerprints(os.path.join(args.tree, "src", "ggml-cpu")) if args.tree else None
+    if args.diff:
+        if got is None or not args.against:
+            ap.error("--diff needs --tree and --against")
+        for op in args.diff:
+            sys.stdout.write(kernel_diff(op, os.path.join(args.against, "src", "ggml-cpu"),
+                                         os.path.join(args.tree, "src", "ggml-cpu")) or f"{op}: no change\n")
+        return 0
+    if args.review:
+        if got is None or not args.release:
+            ap.error("--review needs --tree and --release")
+        for line in review(args.expected, args.review, got, args.release):
+            print(f"_kernels: reviewed {line.strip()}")
+        return 0
     if args.write:
         if got is None:
             ap.error("--write needs --tree")
+        others = [f"{op} {d} {r}\n" for op, d, r in _lines(args.expected) if r] if os.path.exists(args.expected) else []
         with open(args.expected, "w") as f:
-            f.write("# The CPU kernels pyggml's rules were written against: one sha256 per op, made by\n"
-                    "# pyggml/_kernels.py from ggml's source (see its docstring). Rewrite with\n"
-                    "#   python pyggml/_kernels.py --tree vendor/ggml --expected pyggml/kernels.txt --write\n"
-                    "# only after checking each changed op's rule against its new kernel.\n")
+            f.write(HEADER)
             f.writelines(f"{op} {d}\n" for op, d in sorted(got.items()))
+            f.writelines(others)
         return 0
-    diff = None if got is None else changed(read_prints(args.expected), got)
+    diff = None if got is None else changed(read_accepted(args.expected), got)
     if args.out:
         text = gen_header(diff, args.tree or "")
         old = open(args.out).read() if os.path.exists(args.out) else None

@@ -3,6 +3,7 @@
 (pyggml/kernels.txt); an op whose kernel differs is not trusted to its rule."""
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -101,6 +102,50 @@ def test_the_dispatch_block_counts(cpu_copy):
 
 def test_new_and_removed_ops_are_changed():
     assert kern.changed({"A": "1", "B": "2"}, {"A": "1", "C": "3"}) == ["B", "C"]
+
+
+def test_a_reviewed_print_of_another_release_is_trusted_too(tmp_path):
+    prints = tmp_path / "kernels.txt"
+    prints.write_text("# header\nA 1\nB 2\n")
+    assert kern.review(str(prints), ["B"], {"A": "1", "B": "9"}, "0.25.3") == ["B 9 0.25.3\n"]
+    assert kern.review(str(prints), ["B"], {"B": "9"}, "0.25.3") == []          # once
+    with pytest.raises(KeyError, match="C"):
+        kern.review(str(prints), ["C"], {"B": "9"}, "0.25.3")
+    assert kern.read_prints(str(prints)) == {"A": "1", "B": "2"}                # the pinned ones
+    accepted = kern.read_accepted(str(prints))
+    assert accepted == {"A": {"1"}, "B": {"2", "9"}}
+    assert kern.changed(accepted, {"A": "1", "B": "9"}) == []                   # the reviewed release
+    assert kern.changed(accepted, {"A": "1", "B": "2"}) == []                   # the pinned one
+    assert kern.changed(accepted, {"A": "1", "B": "8"}) == ["B"]                # any other
+
+
+def test_rewriting_the_pinned_prints_keeps_the_reviewed_ones(tmp_path, cpu_copy):
+    prints = tmp_path / "kernels.txt"
+    prints.write_text("ROPE 00 0.25.3\nADD 11\n")
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    cpu_copy.rename(tree / "src" / "ggml-cpu")
+    assert kern.main(["--tree", str(tree), "--expected", str(prints), "--write"]) == 0
+    text = prints.read_text()
+    assert text.startswith(kern.HEADER) and text.endswith("ROPE 00 0.25.3\n") and "ADD 11\n" not in text
+    assert kern.read_prints(str(prints)) == kern.fingerprints(str(tree / "src" / "ggml-cpu"))
+
+
+def test_the_diff_a_review_reads_shows_the_changed_statements(cpu_copy, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(cpu_copy, old)
+    callee = _dispatch_callee(cpu_copy, "ROPE")
+    _edit_function(cpu_copy, callee, "\n    GGML_ASSERT(dst->ne[0] > 0);\n")
+    d = kern.kernel_diff("ROPE", str(old), str(cpu_copy))
+    assert "+GGML_ASSERT(dst->ne[0] > 0);" in d.splitlines()
+    assert [ln for ln in d.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")] == \
+        ["+GGML_ASSERT(dst->ne[0] > 0);"]
+    assert kern.kernel_diff("ADD", str(old), str(cpu_copy)) == ""
+
+
+def test_the_reviewed_prints_name_their_release():
+    for op, digest, release in kern._lines(str(ROOT / "pyggml" / "kernels.txt")):
+        assert len(digest) == 64 and (release == "" or re.fullmatch(r"\d+\.\d+\.\d+", release)), (op, release)
 
 
 def test_the_header_says_what_is_known():

@@ -171,12 +171,15 @@ int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
-/* ops.cpp ggml_compute_forward_scale_f32: F32; src0 and dst contiguous; it walks rows
- * with nb[1] only, so dims of size 1 must not carry odd strides (ggml_is_padded_1d) */
+/* ops.cpp ggml_compute_forward_scale_f32: F32 (the switch's only case: GGML_ABORT for any
+ * other type); src0 and dst contiguous; it walks rows with nb[1] only, so dims of size 1
+ * must not carry odd strides (ggml_is_padded_1d) */
 static int rule_scale(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
-    PG_NEED_TYPE(a, "src0", a->type == GGML_TYPE_F32, why);
+    if (a->type != GGML_TYPE_F32) {
+        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel does not take src0 of type %s", pg_type(a)));
+    }
     PG_NEED_CONTIGUOUS(a, "src0", why);
     PG_NEED_CONTIGUOUS(t, "the result", why);
     if (!(a->nb[2] == a->nb[1] * a->ne[1] && a->nb[3] == a->nb[2] * a->ne[2])) {
