@@ -152,8 +152,20 @@ def test_the_header_says_what_is_known():
     h = kern.gen_header(["ROPE", "UNARY"], "/t")
     assert "#define PG_KERNELS_KNOWN 1" in h and '#define PG_KERNELS_CHANGED "ROPE", "UNARY", NULL' in h
     assert "#define PG_KERNELS_CHANGED NULL" in kern.gen_header([], "/t")
+    assert '#define PG_KERNELS_REVIEWED "SCALE", NULL' in kern.gen_header(["ROPE"], "/t", ["SCALE"])
+    assert "#define PG_KERNELS_REVIEWED NULL" in kern.gen_header([], "/t")
     h = kern.gen_header(None, "")
     assert "#define PG_KERNELS_KNOWN 0" in h and "#define PG_KERNELS_CHANGED NULL" in h
+    assert "#define PG_KERNELS_REVIEWED NULL" in h
+
+
+def test_a_reviewed_kernel_is_trusted_but_not_pinned():
+    # (ROPE's n_dims = 0 refusal applies where its kernel is not the pinned one: a review of
+    # the changed kernel does not take its hang away)
+    pinned, accepted = {"A": "1", "B": "2", "C": "3"}, {"A": {"1"}, "B": {"2", "9"}, "C": {"3"}}
+    got = {"A": "1", "B": "9", "C": "7"}
+    assert kern.reviewed(pinned, accepted, got) == ["B"]
+    assert kern.changed(accepted, got) == ["C"]
 
 
 def test_this_build_reports_its_kernel_trust():

@@ -146,6 +146,10 @@ static pg_rule * slot_of(const char * name) {
  * once (it runs on a worker thread) and copes with any graph size (csrc/guarded.c). */
 static unsigned char untrusted[MAX_OPS];
 static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
+/* ops trusted by a review of another release's kernel (kernels.txt `OP DIGEST RELEASE`):
+ * trusted to their rules, but not the pinned kernels (pg_kernel_pinned) */
+static unsigned char reviewed[MAX_OPS];
+static const char * const reviewed_kernels[] = {PG_KERNELS_REVIEWED};
 
 static void init(void) {
     for (int i = 0; i < GGML_OP_COUNT && i < MAX_OPS; i++) {
@@ -159,6 +163,11 @@ static void init(void) {
         for (int k = 0; PG_KERNELS_KNOWN && changed_kernels[k] != NULL; k++) {
             if (strcmp(changed_kernels[k], name) == 0) {
                 untrusted[i] = 1;
+            }
+        }
+        for (int k = 0; PG_KERNELS_KNOWN && reviewed_kernels[k] != NULL; k++) {
+            if (strcmp(reviewed_kernels[k], name) == 0) {
+                reviewed[i] = 1;
             }
         }
     }
@@ -208,6 +217,12 @@ int pyggml_kernels_known(void) {
 int pyggml_kernel_untrusted(int op) {
     ensure_init();
     return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS ? __atomic_load_n(&untrusted[op], __ATOMIC_RELAXED) : 1;
+}
+
+int pg_kernel_pinned(int op) {
+    ensure_init();
+    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && !reviewed[op] &&
+           !__atomic_load_n(&untrusted[op], __ATOMIC_RELAXED);
 }
 
 int pyggml_kernel_set_untrusted(int op, int flag) {

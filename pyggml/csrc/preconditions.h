@@ -49,6 +49,11 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
  * not marked so stands whatever the kernel. */
 int pg_kernel_aborts(pg_why * why, int rc);
 
+/* 1 where op's CPU kernel is the pinned release's own (not a changed kernel, nor one a
+ * review of another release trusted): for a rule that knows a defect of the changed
+ * kernels, which a review does not make go away (ROPE's n_dims = 0 hang) */
+int pg_kernel_pinned(int op);
+
 /* rules that several ops share because their kernels are one template: */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* rules_arith.c: binary-ops.cpp binary_op */
 int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* preconditions.c: unary-ops.cpp unary_op */

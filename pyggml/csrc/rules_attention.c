@@ -90,8 +90,9 @@ int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
     /* The pinned kernel copies an unrotated row for n_dims = 0. Since upstream rewrote the
      * tail copy (after 0.20.2), the loop meets i0 == the rotated block's offset at once and
      * steps back by n_dims - 2 = -2 each time: it never ends. A changed ROPE kernel (kernel
-     * trust) is assumed to have that loop; the defect's probe measures it. */
-    if (n_dims == 0 && mode != PG_ROPE_VISION && ne0 > 0 && pyggml_kernel_untrusted((int) t->op)) {
+     * trust), even one a review trusts, is assumed to have that loop; the defect's probe
+     * measures it. */
+    if (n_dims == 0 && mode != PG_ROPE_VISION && ne0 > 0 && !pg_kernel_pinned((int) t->op)) {
         why->defect = PG_DEFECT_ROPE_NDIMS0_HANG;
         return pg_refuse(why, "n_dims = 0 with this ggml's changed rope kernel, whose tail copy never ends then "
                          "(it steps i0 back by n_dims - 2); rotate at least 2 dims, or copy the tensor instead");
