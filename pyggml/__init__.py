@@ -55,6 +55,7 @@ from pyggml._core import (
     flash_attn_ext_set_prec,
     ggml_version,
     mul_mat_set_prec,
+    rope_set_offset,
     quantize,
     set_input,
     set_loss,
@@ -113,7 +114,7 @@ __all__ = [
     "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
     "attention_backward", "attention_backward_node", "build_info", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "ggml_version",
-    "known_defects", "mul_mat_set_prec", "op_coverage", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",
+    "known_defects", "mul_mat_set_prec", "rope_set_offset", "op_coverage", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",
     *_op_names,
 ]

@@ -37,6 +37,14 @@ static inline int pyggml_backend_cpu_set_use_ref(ggml_backend_t backend, int on)
 #endif
 }
 
+#if !PYGGML_HAVE_ROPE_SET_OFFSET
+/* never called: rope_set_offset() raises GGMLVersionError first */
+static inline struct ggml_tensor * ggml_rope_set_offset(struct ggml_tensor * a, int n_offs) {
+    (void) n_offs;
+    return a;
+}
+#endif
+
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */
 #define GGML_OP_FLASH_ATTN_BACK GGML_OP_COUNT

@@ -279,6 +279,36 @@ def flash_attn_ext_set_prec(a, prec):
     ggml_flash_attn_ext_set_prec(t.ptr, <ggml_prec>p)
 
 
+def rope_set_offset(a, n_offs):
+    """rope_set_offset(a, n_offs) -> a: rotate each row's n_dims elements from element
+    ``n_offs`` on, instead of from 0 (``ggml_rope_set_offset``, in ggml after 0.20.2).
+    ``a`` is a ROPE or ROPE_BACK node, changed in place and returned.
+
+    GGMLVersionError where the linked ggml lacks it; ArgumentError for what ggml asserts
+    (a node of another op, a negative offset, VISION mode); KernelPreconditionError for an
+    offset the CPU kernel asserts (odd, or a block that ends past the row). The node is
+    checked with its new offset before it changes: a refusal leaves it as it was. (ggml's
+    backward pass of ROPE does not carry the offset: defect "rope-offset-grad".)"""
+    cdef Tensor t = arg_tensor(a, "a", "rope_set_offset")
+    cdef int32_t n = arg_int32(n_offs, "n_offs", "rope_set_offset")
+    cdef ggml_tensor probe
+    cdef int32_t * params
+    if not PYGGML_HAVE_ROPE_SET_OFFSET:
+        raise version_error("rope_set_offset", "ggml_rope_set_offset is newer than this ggml")
+    if ggml_op_name(t.ptr.op).decode() not in ("ROPE", "ROPE_BACK"):
+        raise ArgumentError(f"rope_set_offset: a must be a ROPE or ROPE_BACK node, not {t.op}")
+    if n < 0:
+        raise ArgumentError(f"rope_set_offset: n_offs must be >= 0, got {n}")
+    if (<int32_t *> t.ptr.op_params)[2] == GGML_ROPE_TYPE_VISION:
+        raise ArgumentError("rope_set_offset: a VISION rope has no offset (ggml asserts it)")
+    probe = t.ptr[0]                    # the node as it would be (its sources shared)
+    params = <int32_t *> probe.op_params
+    params[15] = n
+    check_node(&probe, "rope_set_offset")
+    ggml_rope_set_offset(t.ptr, n)
+    return a
+
+
 def linked_op_names():
     """linked_op_names() -> (ops, unary_ops, glu_ops): the names the linked ggml gives its
     ops (``ggml_op_name``, ``ggml_unary_op_name``, ``ggml_glu_op_name``), in enum order."""

@@ -20,6 +20,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_FLASH_ATTN_BACK
         PYGGML_HAVE_USE_REF
         PYGGML_HAVE_CUSTOM_4D
+        PYGGML_HAVE_ROPE_SET_OFFSET
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:
@@ -30,6 +31,7 @@ cdef extern from "_compat.h" nogil:
         GGML_MAX_NAME
         GGML_MEM_ALIGN
         GGML_DEFAULT_GRAPH_SIZE
+        GGML_ROPE_TYPE_VISION
 
     enum ggml_status:
         GGML_STATUS_ALLOC_FAILED
@@ -155,6 +157,7 @@ cdef extern from "_compat.h" nogil:
     void ggml_set_output(ggml_tensor * tensor)
     void ggml_set_input(ggml_tensor * tensor)
     void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
+    ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)   # _compat.h: a no-op stand-in where absent
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_set_loss(ggml_tensor * tensor)
 

@@ -168,6 +168,42 @@ def _probe_conv_2d_dw_f32_kernel():
                                                   1, 1, 0, 0, 1, 1))
 
 
+def _probe_rope_offset_grad():
+    """The max abs error of ggml's gradient of sum(rope(x) * w) with a rotated block at
+    offset 2, against the exact one (the forward's transpose applied to w), rules off
+    (0: the backward carries the offset)."""
+    import numpy as np
+
+    import pyggml
+    from pyggml.opinfo.harness import rules_disabled
+
+    rng = np.random.default_rng(0)
+    # 3 positions (ne2) of one head of 8
+    x, w = rng.standard_normal((3, 1, 8)).astype(np.float32), rng.standard_normal((3, 1, 8)).astype(np.float32)
+    with rules_disabled(), pyggml.Context(1 << 22) as ctx:
+        a = ctx.from_numpy(x)
+        pyggml.set_param(a)
+        pos = ctx.from_numpy(np.arange(3, dtype=np.int32))
+        r = pyggml.rope_set_offset(pyggml.rope(ctx, a, pos, 4, 0), 2)      # raises GGMLVersionError before it
+        loss = pyggml.sum(ctx, pyggml.mul(ctx, r, ctx.from_numpy(w)))
+        pyggml.set_loss(loss)
+        g = pyggml.Graph(ctx, 64, grads=True)
+        g.build_forward_expand(loss)
+        g.build_backward_expand()
+        g.compute(1)
+        got = g.grad(a).numpy().copy()
+    # rope of 4 dims at offset 2, NORMAL mode: pairs (2, 3) and (4, 5) at position p rotate
+    # by p * theta_i, theta_i = 10000 ** (-2i / 4); its transpose rotates w's pairs back
+    want = w.astype(np.float64).copy()
+    for p in range(3):
+        for i, j in enumerate((2, 4)):
+            c, s = np.cos(p * 10000.0 ** (-2 * i / 4)), np.sin(p * 10000.0 ** (-2 * i / 4))
+            w0, w1 = float(w[p, 0, j]), float(w[p, 0, j + 1])
+            want[p, 0, j], want[p, 0, j + 1] = c * w0 + s * w1, -s * w0 + c * w1
+    err = float(np.max(np.abs(got - want)))
+    return err if err > 1e-4 else 0.0           # (F32 rounding is not the defect)
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="rope-ndims0-hang",
@@ -602,6 +638,20 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.20.2",),
         probe=_probe_conv_2d_dw_f32_kernel,
         probe_unit="kernel verdict, rules off, of conv_2d_dw with an F32 kernel ('abort': present; 'ok': absent)",
+    ),
+    Defect(
+        id="rope-offset-grad",
+        title="the backward pass of a ROPE with an offset (ggml_rope_set_offset) rotates the wrong elements",
+        ops=("ROPE",),
+        where="ggml.c ggml_compute_backward, case GGML_OP_ROPE: ggml_rope_ext_back / ggml_rope_multi_back get "
+              "the forward's n_dims, mode and frequencies from its op_params, but not n_offs (op_params[15]), "
+              "so the ROPE_BACK rotates the gradient's first n_dims elements of each row instead of the block "
+              "at the offset",
+        action="build_backward_expand refuses a graph that needs the gradient through such a ROPE with "
+               "UpstreamDefect",
+        seen_in=("0.25.3",),
+        probe=_probe_rope_offset_grad,
+        probe_unit="max abs error of the input gradient of sum(rope(x, 4 dims at offset 2) * w) (0: absent)",
     ),
     Defect(
         id="kernel-out-of-bounds",

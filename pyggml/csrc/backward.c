@@ -165,6 +165,16 @@ int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
                                (long long) v->ne[3]);
             }
         }
+        /* ggml.c, case GGML_OP_ROPE: the gradient is ggml_rope_ext_back / ggml_rope_multi_back
+         * with the forward's parameters read one by one, all but the offset of the rotated block
+         * (op_params[15], ggml_rope_set_offset): it rotates the gradient's first n_dims
+         * elements back, not the block the forward rotated */
+        if (op_is(t, "ROPE") && src_needs[0] && ((const int32_t *) t->op_params)[15] != 0) {
+            why.defect = PG_DEFECT_ROPE_OFFSET_GRAD;
+            rc = pg_refuse(&why, "node %d (ROPE) rotates the block at offset %d (ggml_rope_set_offset): ggml's "
+                           "backward pass builds its ROPE_BACK without the offset, and would rotate the wrong "
+                           "elements of the gradient", i, (int) ((const int32_t *) t->op_params)[15]);
+        }
         /* ggml.c, case GGML_OP_MEAN: ggml_add1_or_set of a [1, ne1, ne2, ne3] gradient: when src0
          * already has a gradient (from a later node, the backward pass runs in reverse), that is
          * ggml_add1 of a non-scalar, which asserts */

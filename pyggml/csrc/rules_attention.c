@@ -53,6 +53,8 @@ static int vision_sections_restart(const int32_t s[4], int32_t n_pairs) {
  *    (ggml_mrope_cache_init) GGML_ASSERT(sum of sections <= ne0); the sector is i % sum;
  *    VISION: GGML_ASSERT(n_dims == ne0/2), and each section restarts its angles, except one
  *    that follows an empty section (vision_sections_restart);
+ *  - (0.25.3: the rotated block starts at op_params[15], asserted as the rule checks it;
+ *    the tail copy skips that block instead of starting after it: the same elements);
  *  - freq factors src2 (F32, builder: ne0 >= n_dims/2) read as a contiguous float array,
  *    at [i0/2] for every even i0 < ne0 (ggml_rope_cache_init, ggml_mrope_cache_init);
  *  - the tail copy (non-VISION) moves elements i0, i0+1 for i0 = n_dims, n_dims+2, ... < ne0:
@@ -86,6 +88,15 @@ int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
     }
     if (n_dims < 0 || n_dims % 2 != 0 || n_dims > ne0) {
         return pg_refuse(why, "n_dims must be even and in [0, ne0 = %lld], got %d", (long long) ne0, n_dims);
+    }
+    /* op_params[15]: where the rotated block starts (ggml_rope_set_offset, new after 0.20.2;
+     * 0 from every builder, and in a release that lacks it). A kernel that reads it
+     * GGML_ASSERTs n_offs >= 0, even, n_offs + n_dims <= ne0, and 0 for VISION. */
+    const int32_t n_offs = t->op_params[15];
+    if (n_offs != 0 && (n_offs < 0 || n_offs % 2 != 0 || (int64_t) n_offs + n_dims > ne0 || mode == PG_ROPE_VISION)) {
+        return pg_refuse(why, "the rotated block's offset (op_params[15], ggml_rope_set_offset) must be even, with "
+                         "offset + n_dims <= ne0 = %lld, and 0 in VISION mode; got %d with n_dims = %d, mode %d",
+                         (long long) ne0, n_offs, n_dims, mode);
     }
     /* The pinned kernel copies an unrotated row for n_dims = 0. Since upstream rewrote the
      * tail copy (after 0.20.2), the loop meets i0 == the rotated block's offset at once and
