@@ -179,16 +179,20 @@ def op_is_checked(op, sub_op=0):
 
 
 def kernel_trust():
-    """kernel_trust() -> {"known": bool, "untrusted": [op, ...]}: whether the build could
-    fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py: a source build), and
-    the ops (GGML_OP names) whose kernel is not the one their rule was written against.
-    Their nodes are proven in a forked child, with a timeout, before they compute: a rule
-    cannot vouch for a kernel it has not seen. Where the kernels are unknown (a prebuilt
-    ggml), no kernel is trusted: every op is listed, and every graph is proven before
-    its first compute (the rules still refuse what they refuse)."""
+    """kernel_trust() -> {"known": bool, "untrusted": [op, ...], "reviewed": [op, ...]}:
+    whether the build could fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py:
+    a source build), the ops (GGML_OP names) whose kernel is not one their rule was
+    written against or reviewed for, and the ops whose kernel is another release's that a
+    rule review accepted (trusted, but not the pinned release's kernel). Untrusted ops'
+    nodes are proven in a forked child, with a timeout, before they compute: a rule
+    cannot vouch for a kernel it has not seen (and a refusal that stands for the old
+    kernel's abort leaves the node to that proof). Where the kernels are unknown (a
+    prebuilt ggml), no kernel is trusted: every op is listed, and every graph is proven
+    before its first compute."""
+    names = [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)]
     return {"known": bool(pyggml_kernels_known()),
-            "untrusted": [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)
-                          if pyggml_kernel_untrusted(i)]}
+            "untrusted": [n for i, n in enumerate(names) if pyggml_kernel_untrusted(i)],
+            "reviewed": [n for i, n in enumerate(names) if pyggml_kernel_reviewed(i)]}
 
 
 def _set_kernel_untrusted(op, flag):

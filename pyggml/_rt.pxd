@@ -51,6 +51,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_op_is_checked(int op, int sub_op)
     int pyggml_kernels_known()
     int pyggml_kernel_untrusted(int op)
+    int pyggml_kernel_reviewed(int op)
     int pyggml_kernel_set_untrusted(int op, int flag)
     int pyggml_rule_entry(int i, const char ** family, const char ** name)
     void pyggml_flash_attn_back_offsets(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,

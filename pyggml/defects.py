@@ -636,6 +636,7 @@ DEFECTS: tuple[Defect, ...] = (
                "decides, and ggml 0.25.3's mul_mat converts the columns (its probe; tests/test_rules_conv.py "
                "checks its values)",
         seen_in=("0.20.2",),
+        fixed_in="0.25.3",
         probe=_probe_conv_2d_dw_f32_kernel,
         probe_unit="kernel verdict, rules off, of conv_2d_dw with an F32 kernel ('abort': present; 'ok': absent)",
     ),

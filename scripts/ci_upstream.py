@@ -660,6 +660,9 @@ def op_changes(rows: list[dict]) -> str:
         elif k is not None and k["untrusted"]:
             out.append(f"  {r['spec']}: kernels not trusted to their rules (graphs proven in a forked child): "
                        f"{', '.join(k['untrusted'])}")
+        if k is not None and k.get("reviewed"):
+            out.append(f"  {r['spec']}: changed kernels trusted by a rule review (pyggml/kernels.txt): "
+                       f"{', '.join(k['reviewed'])}")
     return "\n".join(out)
 
 

@@ -176,7 +176,7 @@ def test_this_build_reports_its_kernel_trust():
         assert trust["known"] is False
         assert len(trust["untrusted"]) == len(pyggml.Op) and "MUL_MAT" in trust["untrusted"]
     elif src.startswith("pypi:libggml-python==0.20.2"):
-        assert trust == {"known": True, "untrusted": []}
+        assert trust == {"known": True, "untrusted": [], "reviewed": []}
 
 
 def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
@@ -223,7 +223,7 @@ def test_a_refusal_that_stands_for_an_abort_goes_to_the_proof_where_the_kernel_c
     own message, the process alive. A refusal of silent harm (LEAKY_RELU's rows read out
     of bounds) and a known defect's refusal (SET one element past its destination) stand
     whatever the kernel."""
-    pinned_glu = "GLU" not in _core.kernel_trust()["untrusted"]
+    pinned_glu = "GLU" not in _core.kernel_trust()["untrusted"] + _core.kernel_trust()["reviewed"]
     was = _set_untrusted(["GLU", "LEAKY_RELU", "SET"])
     try:
         with pyggml.Context(1 << 20) as ctx:
@@ -263,11 +263,12 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     rows = [dict(spec="vendored", ggml_version="0.20.2", ops=ops, builders=builders,
                  kernels={"known": True, "untrusted": []}),
             dict(spec="sdist:x==1", ggml_version="0.25.3", ops=ops, builders=builders,
-                 kernels={"known": True, "untrusted": ["ROPE", "UNARY"]}),
+                 kernels={"known": True, "untrusted": ["ROPE", "UNARY"], "reviewed": ["SCALE"]}),
             dict(spec="pypi:libggml-python==0.17.0", ggml_version="0.17.0", ops=ops, builders=builders,
                  kernels={"known": False, "untrusted": []})]
     text = ci.op_changes(rows)
     assert "sdist:x==1: kernels not trusted to their rules (graphs proven in a forked child): ROPE, UNARY" in text
+    assert "sdist:x==1: changed kernels trusted by a rule review (pyggml/kernels.txt): SCALE" in text
     assert "pypi:libggml-python==0.17.0: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); " \
            "no kernel trusted: every graph proven in a forked child" in text
     assert "vendored: kernels" not in text
@@ -352,7 +353,7 @@ def test_rope_with_no_rotated_dims_is_refused_where_the_kernel_changed():
     x = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
     with pyggml.Context(1 << 20) as ctx:
         a, pos = ctx.from_numpy(x), ctx.from_numpy(np.zeros(1, np.int32))
-        if "ROPE" not in _core.kernel_trust()["untrusted"]:
+        if "ROPE" not in _core.kernel_trust()["untrusted"] + _core.kernel_trust()["reviewed"]:
             r = pyggml.rope(ctx, a, pos, 0, 0)
             g = pyggml.Graph(ctx, 8)
             g.build_forward_expand(r)

@@ -269,7 +269,8 @@ def _rope(ctx, ne0, n_dims):
 
 # The out-of-bounds accesses below are the pinned ROPE kernel's. A changed one (ggml 0.25.3's
 # rewritten tail copy) never returns on n_dims = -2, as on 0.
-PINNED_ROPE = pytest.mark.skipif("ROPE" in pyggml._core.kernel_trust()["untrusted"],
+_TRUST = pyggml._core.kernel_trust()
+PINNED_ROPE = pytest.mark.skipif("ROPE" in _TRUST["untrusted"] + _TRUST["reviewed"],
                                  reason="the linked ggml's ROPE kernel is not the pinned one whose overruns these "
                                         "tests provoke (0.25.3's spins on n_dims = -2: rope-ndims0-hang)")
 

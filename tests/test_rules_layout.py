@@ -23,7 +23,7 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
 from pyggml.opinfo import Arg, Sample, registry
-from rules_helpers import compute_unchecked, refused, untrusted
+from rules_helpers import compute_unchecked, pinned, refused
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_concat_quantized_needs_whole_blocks():
     # kernel aborts on it; where CONCAT's kernel changed (ggml 0.25.3 runs it) that says
     # nothing about the refusal, which is the view's
     refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
-    if not untrusted("CONCAT"):
+    if pinned("CONCAT"):
         assert kernel_verdict(_concat_q_partial_blocks) == "abort"
 
 

@@ -219,6 +219,11 @@ int pyggml_kernel_untrusted(int op) {
     return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS ? __atomic_load_n(&untrusted[op], __ATOMIC_RELAXED) : 1;
 }
 
+int pyggml_kernel_reviewed(int op) {
+    ensure_init();
+    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && reviewed[op];
+}
+
 int pg_kernel_pinned(int op) {
     ensure_init();
     return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && !reviewed[op] &&

@@ -274,6 +274,8 @@ PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
  * only) marks an op and returns the previous mark (-1 for no such op). */
 PYGGML_RT_API int pyggml_kernels_known(void);
 PYGGML_RT_API int pyggml_kernel_untrusted(int op);
+/* 1: op's kernel is trusted by a review of another release's print (kernels.txt), not the pinned one */
+PYGGML_RT_API int pyggml_kernel_reviewed(int op);
 PYGGML_RT_API int pyggml_kernel_set_untrusted(int op, int flag);
 /* The i-th entry of the rule tables (0, 1, ... until it returns 0): the family whose
  * csrc/rules_<family>.c defines it and the op it is for ("ADD", "UNARY:RELU", "GLU:SWIGLU") */
