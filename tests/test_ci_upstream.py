@@ -727,7 +727,7 @@ def test_the_specs_prove_under_a_short_time_limit_unless_the_caller_sets_one(mon
 def test_every_known_failure_names_a_test_that_exists():
     """tests/expectations.py: a key that names no test would never apply (and never be
     seen to go stale)."""
-    from expectations import KNOWN_FAILURES, known_failure
+    from expectations import KNOWN_FAILURES
     for version, known in KNOWN_FAILURES.items():
         assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
         for key, why in known.items():

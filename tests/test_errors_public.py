@@ -42,7 +42,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pyggml.errors as errors
