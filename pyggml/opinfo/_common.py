@@ -121,11 +121,13 @@ def broadcast_pairs() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
 
 def rope_ndims0_defect(op: str = "ROPE") -> str:
     """The defect a rope sample with n_dims = 0 (not VISION) meets in this build:
-    "rope-ndims0-hang" where the op's kernel is not the one pyggml's rule was written against
-    (kernel_trust(): ggml 0.25.3's hangs there, and a prebuilt ggml's is unknown), whose
-    rule then refuses it; "" where the kernel is the pinned one (it copies the row)."""
+    "rope-ndims0-hang" where the op's kernel is not the pinned release's own (kernel_trust():
+    changed, or trusted by a review of ggml 0.25.3's, which hangs there; a prebuilt ggml's
+    is unknown), whose rule then refuses it; "" where the kernel is the pinned one (it
+    copies the row)."""
     from pyggml._core import kernel_trust
-    return "rope-ndims0-hang" if op in kernel_trust()["untrusted"] else ""
+    trust = kernel_trust()
+    return "rope-ndims0-hang" if op in trust["untrusted"] + trust["reviewed"] else ""
 
 
 # the quantized types the CPU writes F32 rows into (the CPU backend's from_float: cpy, cast,
