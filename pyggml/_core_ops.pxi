@@ -179,11 +179,13 @@ def op_is_checked(op, sub_op=0):
 
 
 def kernel_trust():
-    """kernel_trust() -> {"known": bool, "untrusted": [op, ...], "reviewed": [op, ...]}:
+    """kernel_trust() -> {"known": bool, "untrusted": [op, ...], "reviewed": [op, ...],
+    "reviewed_in": {op: release}}:
     whether the build could fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py:
     a source build), the ops (GGML_OP names) whose kernel is not one their rule was
     written against or reviewed for, and the ops whose kernel is another release's that a
-    rule review accepted (trusted, but not the pinned release's kernel). Untrusted ops'
+    rule review accepted (trusted, but not the pinned release's kernel), with the release
+    that review read (a rule's clauses for the newer kernels hold from it on). Untrusted ops'
     nodes are proven in a forked child, with a timeout, before they compute: a rule
     cannot vouch for a kernel it has not seen (and a refusal that stands for the old
     kernel's abort leaves the node to that proof). Where the kernels are unknown (a
@@ -192,7 +194,14 @@ def kernel_trust():
     names = [ggml_op_name(<ggml_op>i).decode() for i in range(GGML_OP_COUNT)]
     return {"known": bool(pyggml_kernels_known()),
             "untrusted": [n for i, n in enumerate(names) if pyggml_kernel_untrusted(i)],
-            "reviewed": [n for i, n in enumerate(names) if pyggml_kernel_reviewed(i)]}
+            "reviewed": [n for i, n in enumerate(names) if pyggml_kernel_reviewed(i)],
+            "reviewed_in": {n: _release_name(pyggml_kernel_reviewed(i))
+                            for i, n in enumerate(names) if pyggml_kernel_reviewed(i)}}
+
+
+cdef str _release_name(int number):
+    """25003 -> "0.25.3" (csrc/preconditions.h PG_RELEASE)"""
+    return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
 def _set_kernel_untrusted(op, flag):
@@ -202,6 +211,22 @@ def _set_kernel_untrusted(op, flag):
     if rc < 0:
         raise ArgumentError(f"_set_kernel_untrusted: no op {op!r} in the linked ggml")
     return bool(rc)
+
+
+def _set_kernel_reviewed(op, release):
+    """_set_kernel_reviewed(op, release) -> str | None (testing only): mark ``op``'s kernel
+    as one a review of ``release`` ("0.25.3") accepted, or as not reviewed (None); returns
+    the previous mark. Rules' clauses for newer kernels (csrc pg_kernel_since) follow it."""
+    cdef int number = 0
+    if release is not None:
+        parts = str(release).split(".")
+        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 3 for p in parts):
+            raise ArgumentError(f"_set_kernel_reviewed: release must read like 0.25.3, not {release!r}")
+        number = int(parts[0]) * 1000000 + int(parts[1]) * 1000 + int(parts[2])
+    rc = pyggml_kernel_set_reviewed(index_arg(op, "op", ""), number)
+    if rc < 0:
+        raise ArgumentError(f"_set_kernel_reviewed: no op {op!r} in the linked ggml")
+    return _release_name(rc) if rc else None
 
 
 def rule_entries():

@@ -92,14 +92,34 @@ def pinned(op):
     return op not in trust["untrusted"] and op not in trust["reviewed"]
 
 
-def refused_where_kernel_aborts(build, cls, match, op):
+def reviewed_since(op, release):
+    """op's CPU kernel is one a rule review of ``release`` or a later one accepted, so
+    the rule's clauses for the newer kernels apply (csrc pg_kernel_since)"""
+    def number(r):
+        return tuple(int(x) for x in r.split("."))
+    got = pyggml._core.kernel_trust()["reviewed_in"].get(op)
+    return got is not None and not untrusted(op) and number(got) >= number(release)
+
+
+def refused_where_kernel_aborts(build, cls, match, op, since=None):
     """Both sides of a refusal clause that stands for the kernel's own abort (csrc
     pg_kernel_aborts). Where ``op``'s kernel is the one the rule was written against,
     pyggml refuses the node at the op call with ``cls``, and the kernel, rules off,
-    aborts: returns None. Where it changed, the rule does not refuse: the node builds
-    and its graph's proof decides. A kernel that still aborts is refused at compute
-    with its own message (GGMLAbort, the process alive): None; one that computes the
-    node: its values (float64), for the test to compare with a reference."""
+    aborts: returns None. Where a review of release ``since`` or later found that the
+    kernel takes the node (the clause is lifted there: pg_kernel_since), the node builds,
+    no proof, and computes: its values (float64). Where the kernel changed, unreviewed,
+    the rule does not refuse: the node builds and its graph's proof decides. A kernel that
+    still aborts is refused at compute with its own message (GGMLAbort, the process
+    alive): None; one that computes the node: its values, for the test to compare with a
+    reference."""
+    if since is not None and reviewed_since(op, since):
+        with pyggml.Context(SCRATCH) as ctx:
+            t = build(ctx)
+            g = pyggml.Graph(ctx, 64)
+            g.build_forward_expand(t)
+            assert g.unchecked_ops == 0, g.unchecked_ops      # the rule vouches for it: no proof
+            g.compute(1)
+            return read(t)
     if not untrusted(op):
         refused_at_call(build, cls, match)
         if pinned(op):

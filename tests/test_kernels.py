@@ -152,11 +152,70 @@ def test_the_header_says_what_is_known():
     h = kern.gen_header(["ROPE", "UNARY"], "/t")
     assert "#define PG_KERNELS_KNOWN 1" in h and '#define PG_KERNELS_CHANGED "ROPE", "UNARY", NULL' in h
     assert "#define PG_KERNELS_CHANGED NULL" in kern.gen_header([], "/t")
-    assert '#define PG_KERNELS_REVIEWED "SCALE", NULL' in kern.gen_header(["ROPE"], "/t", ["SCALE"])
     assert "#define PG_KERNELS_REVIEWED NULL" in kern.gen_header([], "/t")
     h = kern.gen_header(None, "")
     assert "#define PG_KERNELS_KNOWN 0" in h and "#define PG_KERNELS_CHANGED NULL" in h
     assert "#define PG_KERNELS_REVIEWED NULL" in h
+
+
+def test_a_review_names_a_release_the_rules_can_compare():
+    assert kern.release_number("0.25.3") == 25003 and kern.release_number("v1.2.10") == 1002010
+    assert kern.release_number("0.25.3") > kern.release_number("0.20.12")
+    with pytest.raises(ValueError, match="not a release"):
+        kern.release_number("master")
+
+
+def test_a_review_of_something_not_a_release_is_refused(tmp_path):
+    prints = tmp_path / "kernels.txt"
+    prints.write_text("A 1\n")
+    with pytest.raises(ValueError, match="not a release"):
+        kern.review(str(prints), ["A"], {"A": "9"}, "tip")
+    assert prints.read_text() == "A 1\n"
+
+
+def test_the_header_gives_each_reviewed_kernel_its_release(tmp_path):
+    h = kern.gen_header(["ROPE"], "/t", {"SCALE": "0.25.3", "GLU": "0.26.0"})
+    assert '#define PG_KERNELS_REVIEWED "GLU", "SCALE", NULL' in h
+    assert "#define PG_KERNELS_REVIEWED_IN 26000, 25003, 0" in h
+    assert "#define PG_KERNELS_REVIEWED_IN 0" in kern.gen_header(None, "")
+    prints = tmp_path / "kernels.txt"
+    prints.write_text("A 1\nB 2\nB 9 0.25.3\n")
+    assert kern.review_releases(str(prints)) == {("B", "9"): "0.25.3"}
+
+
+def test_a_clause_for_the_newer_kernels_follows_the_review_s_release():
+    """pg_kernel_since: SCALE's rule takes BF16 where SCALE's kernel is one a review of
+    0.25.3 or later accepted (that release added the BF16 kernel), and refuses it, as the
+    pinned kernel's abort, elsewhere. Its other clauses hold for the BF16 kernel too."""
+    def scale_bf16(ctx, shape=(3, 8)):
+        return pyggml.scale(ctx, ctx.from_numpy(np.zeros(shape, np.uint16), type=pyggml.Type.BF16), 2.0)
+    was = _core._set_kernel_reviewed(pyggml.Op.SCALE, "0.25.3")
+    try:
+        assert _core.kernel_trust()["reviewed_in"]["SCALE"] == "0.25.3"
+        with pyggml.Context(1 << 20) as ctx:
+            g = pyggml.Graph(ctx, 8)
+            g.build_forward_expand(scale_bf16(ctx))          # taken: not refused, not unchecked
+            assert g.unchecked_ops == 0
+            a = ctx.from_numpy(np.zeros((4, 16), np.uint16), type=pyggml.Type.BF16)
+            gaps = pyggml.view_2d(ctx, a, 8, 4, 32, 0)     # rows of 8 of 16: not contiguous
+            with pytest.raises(pyggml.KernelPreconditionError, match="contiguous"):
+                pyggml.scale(ctx, gaps, 2.0)
+        _core._set_kernel_reviewed(pyggml.Op.SCALE, "0.24.0")     # a review before the BF16 kernel
+        with pyggml.Context(1 << 20) as ctx:
+            with pytest.raises(pyggml.GGMLTypeError, match="SCALE node refused"):
+                scale_bf16(ctx)
+    finally:
+        _core._set_kernel_reviewed(pyggml.Op.SCALE, was)
+    if was is None:
+        with pyggml.Context(1 << 20) as ctx:
+            assert "SCALE" not in _core.kernel_trust()["reviewed_in"]
+            if "SCALE" not in _core.kernel_trust()["untrusted"]:
+                with pytest.raises(pyggml.GGMLTypeError, match="SCALE node refused"):
+                    scale_bf16(ctx)
+    with pytest.raises(pyggml.ArgumentError, match="like 0.25.3"):
+        _core._set_kernel_reviewed(pyggml.Op.SCALE, "tip")
+    with pytest.raises(pyggml.ArgumentError, match="no op"):
+        _core._set_kernel_reviewed(10_000, "0.25.3")
 
 
 def test_a_reviewed_kernel_is_trusted_but_not_pinned():
@@ -176,7 +235,7 @@ def test_this_build_reports_its_kernel_trust():
         assert trust["known"] is False
         assert len(trust["untrusted"]) == len(pyggml.Op) and "MUL_MAT" in trust["untrusted"]
     elif src.startswith("pypi:libggml-python==0.20.2"):
-        assert trust == {"known": True, "untrusted": [], "reviewed": []}
+        assert trust == {"known": True, "untrusted": [], "reviewed": [], "reviewed_in": {}}
 
 
 def test_an_untrusted_op_s_graph_is_proven_before_it_computes():

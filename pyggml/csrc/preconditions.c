@@ -148,8 +148,9 @@ static unsigned char untrusted[MAX_OPS];
 static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
 /* ops trusted by a review of another release's kernel (kernels.txt `OP DIGEST RELEASE`):
  * trusted to their rules, but not the pinned kernels (pg_kernel_pinned) */
-static unsigned char reviewed[MAX_OPS];
+static int reviewed_in[MAX_OPS];   /* the release (PG_RELEASE) of that review; 0: none */
 static const char * const reviewed_kernels[] = {PG_KERNELS_REVIEWED};
+static const int reviewed_releases[] = {PG_KERNELS_REVIEWED_IN};
 
 static void init(void) {
     for (int i = 0; i < GGML_OP_COUNT && i < MAX_OPS; i++) {
@@ -167,7 +168,7 @@ static void init(void) {
         }
         for (int k = 0; PG_KERNELS_KNOWN && reviewed_kernels[k] != NULL; k++) {
             if (strcmp(reviewed_kernels[k], name) == 0) {
-                reviewed[i] = 1;
+                reviewed_in[i] = reviewed_releases[k];
             }
         }
     }
@@ -221,13 +222,30 @@ int pyggml_kernel_untrusted(int op) {
 
 int pyggml_kernel_reviewed(int op) {
     ensure_init();
-    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && reviewed[op];
+    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS ? __atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED) : 0;
 }
 
 int pg_kernel_pinned(int op) {
     ensure_init();
-    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && !reviewed[op] &&
+    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && !__atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED) &&
            !__atomic_load_n(&untrusted[op], __ATOMIC_RELAXED);
+}
+
+int pg_kernel_since(int op, int release) {
+    ensure_init();
+    if (op < 0 || op >= GGML_OP_COUNT || op >= MAX_OPS) {
+        return 0;
+    }
+    int in = __atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED);
+    return in > 0 && in >= release && !__atomic_load_n(&untrusted[op], __ATOMIC_RELAXED);
+}
+
+int pyggml_kernel_set_reviewed(int op, int release) {
+    ensure_init();
+    if (op < 0 || op >= GGML_OP_COUNT || op >= MAX_OPS || release < 0) {
+        return -1;
+    }
+    return __atomic_exchange_n(&reviewed_in[op], release, __ATOMIC_RELAXED);
 }
 
 int pyggml_kernel_set_untrusted(int op, int flag) {

@@ -54,6 +54,17 @@ int pg_kernel_aborts(pg_why * why, int rc);
  * kernels, which a review does not make go away (ROPE's n_dims = 0 hang) */
 int pg_kernel_pinned(int op);
 
+/* A release as one number, for pg_kernel_since: PG_RELEASE(0, 25, 3) */
+#define PG_RELEASE(major, minor, patch) ((major) * 1000000 + (minor) * 1000 + (patch))
+
+/* 1 where op's CPU kernel is one a review accepted (kernels.txt `OP DIGEST RELEASE`) for
+ * `release` or a later one: for a clause that holds for the newer kernels only, such as a
+ * type the new kernel takes (`if (type == BF16 && pg_kernel_since(op, PG_RELEASE(0, 25, 3)))`).
+ * 0 for the pinned kernel, and for an untrusted one: there the clause's refusal, marked
+ * pg_kernel_aborts, leaves the node to the proof. A review of a later release checks each
+ * such clause again (the kernel may have changed the other way). */
+int pg_kernel_since(int op, int release);
+
 /* rules that several ops share because their kernels are one template: */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* rules_arith.c: binary-ops.cpp binary_op */
 int pg_rule_unary(const struct ggml_tensor * t, pg_why * why);   /* preconditions.c: unary-ops.cpp unary_op */

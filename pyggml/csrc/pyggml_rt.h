@@ -274,9 +274,13 @@ PYGGML_RT_API int pyggml_op_is_checked(int op, int sub_op);
  * only) marks an op and returns the previous mark (-1 for no such op). */
 PYGGML_RT_API int pyggml_kernels_known(void);
 PYGGML_RT_API int pyggml_kernel_untrusted(int op);
-/* 1: op's kernel is trusted by a review of another release's print (kernels.txt), not the pinned one */
+/* op's kernel is trusted by a review of another release's print (kernels.txt), not the pinned
+ * one: that release as PG_RELEASE(major, minor, patch) (> 0); 0: not so */
 PYGGML_RT_API int pyggml_kernel_reviewed(int op);
 PYGGML_RT_API int pyggml_kernel_set_untrusted(int op, int flag);
+/* testing only: mark op's kernel as reviewed for that release (PG_RELEASE; 0: not reviewed);
+ * returns the previous release, -1 for no such op */
+PYGGML_RT_API int pyggml_kernel_set_reviewed(int op, int release);
 /* The i-th entry of the rule tables (0, 1, ... until it returns 0): the family whose
  * csrc/rules_<family>.c defines it and the op it is for ("ADD", "UNARY:RELU", "GLU:SWIGLU") */
 PYGGML_RT_API int pyggml_rule_entry(int i, const char ** family, const char ** name);

@@ -173,11 +173,13 @@ int pg_rule_binary(const struct ggml_tensor * t, pg_why * why) {
 
 /* ops.cpp ggml_compute_forward_scale_f32: F32 (the switch's only case: GGML_ABORT for any
  * other type); src0 and dst contiguous; it walks rows with nb[1] only, so dims of size 1
- * must not carry odd strides (ggml_is_padded_1d) */
+ * must not carry odd strides (ggml_is_padded_1d). Since 0.25.3 the switch has a BF16 case,
+ * ggml_compute_forward_scale_bf16, with the same asserts and the same walk over rows. */
 static int rule_scale(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
-    if (a->type != GGML_TYPE_F32) {
+    int bf16 = a->type == GGML_TYPE_BF16 && pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3));
+    if (a->type != GGML_TYPE_F32 && !bf16) {
         return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel does not take src0 of type %s", pg_type(a)));
     }
     PG_NEED_CONTIGUOUS(a, "src0", why);
