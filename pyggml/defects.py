@@ -576,8 +576,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_conv_transpose_2d_impl never loops over ne13: with "
               "b.ne[3] > 1 every batch after the first stays zero (upstream ggml-org/ggml issue #1448)",
         action="refused with UpstreamDefect when b.ne[3] > 1 (tests/test_rules_conv.py shows the zeros); "
-               "ggml 0.25.3's rewritten kernel computes every batch (its probe), but the refusal stays there "
-               "until that changed kernel's rule is reviewed: a known false refusal on 0.25.3",
+               "ggml 0.25.3's rewritten kernel computes every batch (its probe), and its reviewed rule takes "
+               "batches there (pyggml/kernels.txt); a changed kernel not reviewed still refuses them",
         seen_in=("0.9.4", "0.17.0", "0.20.2"),
         fixed_in="0.25.3",
         probe=_probe_conv_transpose_2d_batch,

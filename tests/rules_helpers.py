@@ -10,6 +10,7 @@ import pytest
 import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
+from pyggml.opinfo._common import kernel_since
 
 SCRATCH = 64 << 20          # one context size for every rule test's builds
 
@@ -92,15 +93,6 @@ def pinned(op):
     return op not in trust["untrusted"] and op not in trust["reviewed"]
 
 
-def reviewed_since(op, release):
-    """op's CPU kernel is one a rule review of ``release`` or a later one accepted, so
-    the rule's clauses for the newer kernels apply (csrc pg_kernel_since)"""
-    def number(r):
-        return tuple(int(x) for x in r.split("."))
-    got = pyggml._core.kernel_trust()["reviewed_in"].get(op)
-    return got is not None and not untrusted(op) and number(got) >= number(release)
-
-
 def refused_where_kernel_aborts(build, cls, match, op, since=None):
     """Both sides of a refusal clause that stands for the kernel's own abort (csrc
     pg_kernel_aborts). Where ``op``'s kernel is the one the rule was written against,
@@ -112,7 +104,7 @@ def refused_where_kernel_aborts(build, cls, match, op, since=None):
     still aborts is refused at compute with its own message (GGMLAbort, the process
     alive): None; one that computes the node: its values, for the test to compare with a
     reference."""
-    if since is not None and reviewed_since(op, since):
+    if since is not None and kernel_since(op, since):
         with pyggml.Context(SCRATCH) as ctx:
             t = build(ctx)
             g = pyggml.Graph(ctx, 64)

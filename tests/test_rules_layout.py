@@ -23,7 +23,8 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
 from pyggml.opinfo import Arg, Sample, registry
-from rules_helpers import compute_unchecked, pinned, refused
+from pyggml.opinfo._common import kernel_since
+from rules_helpers import compute, compute_unchecked, pinned, refused
 
 
 @pytest.fixture
@@ -75,6 +76,33 @@ def test_concat_quantized_needs_whole_blocks():
     refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
     if pinned("CONCAT"):
         assert kernel_verdict(_concat_q_partial_blocks) == "abort"
+
+
+def _concat_i64_transposed(ctx):
+    x = ctx.from_numpy(np.arange(12, dtype=np.int64).reshape(3, 4))
+    y = ctx.from_numpy(np.arange(100, 106, dtype=np.int64).reshape(2, 3))
+    return pyggml.concat(ctx, pyggml.transpose(ctx, x), y, 1)
+
+
+WANT_I64 = np.concatenate([np.arange(12).reshape(3, 4).T, np.arange(100, 106).reshape(2, 3)], axis=0)
+
+
+def test_concat_of_i64_with_strided_rows_is_refused_where_the_kernel_copies_rows():
+    """0.20.2's concat_any copies I64 (and F64) element by element with any strides; 0.25.3's
+    copies whole rows and asserts contiguous ones. The rule follows the kernel (reviewed for
+    0.25.3: pg_kernel_since)."""
+    if kernel_since("CONCAT", "0.25.3"):
+        refused(_concat_i64_transposed, pyggml.KernelPreconditionError, "i64 sources must have contiguous rows")
+        assert kernel_verdict(_concat_i64_transposed) == "abort"
+        return
+    if pinned("CONCAT"):
+        with pyggml.Context(1 << 20) as ctx:
+            np.testing.assert_array_equal(compute(ctx, _concat_i64_transposed(ctx)), WANT_I64)
+        was = pyggml._core._set_kernel_reviewed(pyggml.Op.CONCAT, "0.25.3")     # the rule for 0.25.3's kernel
+        try:
+            refused(_concat_i64_transposed, pyggml.KernelPreconditionError, "i64 sources must have contiguous rows")
+        finally:
+            pyggml._core._set_kernel_reviewed(pyggml.Op.CONCAT, was)
 
 
 # --- GET_ROWS -------------------------------------------------------------------------------

@@ -11,14 +11,17 @@
  * walked with all four strides and elements read contiguously: the assert of
  * ggml_is_contiguous_rows(src0) is compiled out, but the builder ggml_unary_impl asserts
  * it, and a row of one element with any nb[0] is read right (nothing to refuse there,
- * unlike the unary_op template). */
+ * unlike the unary_op template). Since 0.25.3 the four switches have a BF16 case,
+ * ggml_compute_forward_unary_bf16_rows: the F16 kernels' walk over rows, for BF16. */
 static int rule_gelu_like(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     PG_NEED_SRC(t, 0, why);
-    if (!(a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) || t->type != a->type) {
-        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel takes F32 or F16 (with a result of "
-                                                     "the same type), got src0 %s, result %s", pg_type(a),
-                                                     pg_type(t)));
+    const int bf16 = pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3));
+    if (!(a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16 || (bf16 && a->type == GGML_TYPE_BF16)) ||
+        t->type != a->type) {
+        return pg_kernel_aborts(why, pg_refuse_type(why, "the CPU kernel takes F32 or F16%s (with a result of "
+                                                     "the same type), got src0 %s, result %s",
+                                                     bf16 ? " or BF16" : "", pg_type(a), pg_type(t)));
     }
     return PYGGML_OK;
 }

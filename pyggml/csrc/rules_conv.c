@@ -229,7 +229,9 @@ static int rule_conv_transpose_1d(const struct ggml_tensor * t, pg_why * why) {
  * result F32 (asserted); src0 elements contiguous (asserted) and each [KW, KH] plane read
  * packed (src[i01*ne00 + i00]: nb1 = ne0*size, not asserted); a negative stride writes
  * outside the result. The kernel computes batch 0 only: with b->ne[3] > 1 the other
- * batches of the result stay zero (upstream defect). */
+ * batches of the result stay zero (upstream defect). 0.25.3's kernel loops over the
+ * batches (b's nb[3] and the result's nb[3], its work buffer sized for all of them): the
+ * defect is gone there, the rest is unchanged. */
 static int rule_conv_transpose_2d(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
@@ -248,7 +250,7 @@ static int rule_conv_transpose_2d(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "stride = %d must be >= 0: the kernel writes input (i10, i11) at result "
                          "(i10*stride + kx, i11*stride + ky)", t->op_params[0]);
     }
-    if (b->ne[3] > 1) {
+    if (b->ne[3] > 1 && !pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3))) {
         why->defect = PG_DEFECT_CONV_TRANSPOSE_2D_BATCH;
         return pg_refuse(why, "a batch of %lld (b->ne[3] > 1): the CPU kernel computes batch 0 only and leaves "
                          "the others zero", (long long) b->ne[3]);

@@ -36,7 +36,10 @@ static int whole_blocks(const struct ggml_tensor * t) {
 /* ggml_compute_forward_concat: F16/BF16/I16 (concat_f16), I8 (concat_i8), F32/I32
  * (concat_f32) and every other type byte-wise (concat_any), any strides; a quantized
  * type goes to concat_any, which asserts both sources have contiguous rows of whole
- * blocks (it steps over blocks). ggml_concat checks the types, dim and extents. */
+ * blocks (it steps over blocks). ggml_concat checks the types, dim and extents.
+ * 0.25.3's concat_any copies whole rows (memcpy of ggml_row_size) for every type it
+ * takes, F64 and I64 too: it asserts contiguous rows of both sources whatever the type
+ * (whole blocks: asserted for dim 0, and by ggml_row_size for the others). */
 static int rule_concat(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_SRC(t, 0, why);
     PG_NEED_SRC(t, 1, why);
@@ -50,7 +53,14 @@ static int rule_concat(const struct ggml_tensor * t, pg_why * why) {
     if (dim < 0 || dim > 3) {
         return pg_refuse(why, "dim must be in [0, 3], got %d", dim);
     }
-    if (ggml_is_quantized(a->type)) {
+    const enum ggml_type ty = a->type;
+    const int by_rows = pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3)) &&   /* concat_any copies rows */
+                        !(pg_is_float(ty) || ty == GGML_TYPE_I16 || ty == GGML_TYPE_I8 || ty == GGML_TYPE_I32);
+    if (by_rows && !ggml_is_quantized(ty) && (!rows_or_single(a) || !rows_or_single(b))) {
+        return pg_refuse(why, "%s sources must have contiguous rows (nb[0] = %zu): the CPU kernel copies whole rows; "
+                         "got src0 nb[0] = %zu, src1 nb[0] = %zu", pg_type(a), ggml_type_size(ty), a->nb[0], b->nb[0]);
+    }
+    if (ggml_is_quantized(ty)) {
         if (!rows_or_single(a) || !rows_or_single(b)) {
             return pg_refuse(why, "quantized sources must have contiguous rows (nb[0] = %zu), got src0 "
                              "nb[0] = %zu, src1 nb[0] = %zu", ggml_type_size(a->type), a->nb[0], b->nb[0]);

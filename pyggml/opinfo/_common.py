@@ -119,6 +119,19 @@ def broadcast_pairs() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             ((2, 3, 4), (2, 3, 1)), ((3, 6), (3, 2)), ((5,), (1,)), ((2, 2, 3, 5), (1, 2, 1, 5))]
 
 
+def kernel_since(op: str, release: str) -> bool:
+    """op's CPU kernel is one a rule review of ``release`` or a later one trusts
+    (kernel_trust()["reviewed_in"]): its rule's clauses for the newer kernels hold (csrc
+    pg_kernel_since), such as a defect that release fixed, no longer refused."""
+    from pyggml._core import kernel_trust
+    trust = kernel_trust()
+    got = trust["reviewed_in"].get(op)
+
+    def number(r: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in r.split("."))
+    return got is not None and op not in trust["untrusted"] and number(got) >= number(release)
+
+
 def rope_ndims0_defect(op: str = "ROPE") -> str:
     """The defect a rope sample with n_dims = 0 (not VISION) meets in this build:
     "rope-ndims0-hang" where the op's kernel is not the pinned release's own (kernel_trust():
