@@ -1051,6 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bisect-src", help=argparse.SUPPRESS)
     ap.add_argument("--bisect-baseline", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.workdir = args.workdir.resolve()       # the stages run in other folders
     if args.bisect_step:
         return bisect_step(args.bisect_src, args.op, args.bisect_baseline, args.workdir, args.bitwise)
     if args.bisect:
