@@ -132,6 +132,12 @@ def kernel_since(op: str, release: str) -> bool:
     return got is not None and op not in trust["untrusted"] and number(got) >= number(release)
 
 
+def bf16_if_taken(op: str, release: str = "0.25.3") -> tuple[Type, ...]:
+    """(BF16,) where op's reviewed kernel takes BF16 from ``release`` on (kernel_since), so
+    that an OpInfo's types list every type its rule lets through: () elsewhere"""
+    return (Type.BF16,) if kernel_since(op, release) else ()
+
+
 def rope_ndims0_defect(op: str = "ROPE") -> str:
     """The defect a rope sample with n_dims = 0 (not VISION) meets in this build:
     "rope-ndims0-hang" where the op's kernel is not the pinned release's own (kernel_trust():

@@ -23,7 +23,7 @@ import numpy as np
 
 from pyggml._core import Type, UnaryOp
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import FLOATS, normal
+from pyggml.opinfo._common import FLOATS, bf16_if_taken, normal
 from pyggml.opinfo.math import (elementwise_info, elementwise_samples, kinked, ref_round, ref_softplus,
                                 ref_step, scaled, with_halves)
 
@@ -31,6 +31,8 @@ __all__ = ["OPINFOS", "ref_gelu", "ref_gelu_erf", "ref_gelu_quick", "ref_gelu_qu
            "ref_silu", "ref_relu"]
 
 F32_F16 = (Type.F32, Type.F16)
+# GELU, GELU_ERF, GELU_QUICK, SILU: BF16 too where UNARY's kernel is 0.25.3's (rules_activation.c)
+GELU_LIKE_TYPES = F32_F16 + bf16_if_taken("UNARY")
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -163,11 +165,11 @@ _ACT: list[tuple[str, Callable, Callable, tuple[Type, ...], bool, dict[str, Any]
     ("elu", ref_elu, scaled(2.0), FLOATS, False, {}),
     ("relu", ref_relu, kinked(0.0), FLOATS, True, {}),
     ("sigmoid", ref_sigmoid, scaled(3.0), FLOATS, False, {}),
-    ("gelu", ref_gelu_table, left_tail_free, F32_F16, False, {"column": True, **_gelu_tol(_GELU_TABLE_NOTE)}),
-    ("gelu_erf", ref_gelu_erf, left_tail_free, F32_F16, False, {"column": True, "note": _TAIL_NOTE[2:]}),
-    ("gelu_quick", ref_gelu_quick_table, left_tail_free, F32_F16, False,
+    ("gelu", ref_gelu_table, left_tail_free, GELU_LIKE_TYPES, False, {"column": True, **_gelu_tol(_GELU_TABLE_NOTE)}),
+    ("gelu_erf", ref_gelu_erf, left_tail_free, GELU_LIKE_TYPES, False, {"column": True, "note": _TAIL_NOTE[2:]}),
+    ("gelu_quick", ref_gelu_quick_table, left_tail_free, GELU_LIKE_TYPES, False,
      {"column": True, "note": _GELU_QUICK_TABLE_NOTE + _TAIL_NOTE}),
-    ("silu", ref_silu, scaled(3.0), F32_F16, True, {"column": True}),
+    ("silu", ref_silu, scaled(3.0), GELU_LIKE_TYPES, True, {"column": True}),
 ]
 _NO_INPLACE: list[tuple[str, Callable, Callable, tuple[Type, ...], bool, dict[str, Any]]] = [
     ("hardswish", ref_hardswish, kinked(-3.0, 3.0, scale=3.0), FLOATS, False, {}),
@@ -218,7 +220,7 @@ def _unary_samples(rng, t):
     for i, op in enumerate(_unary_order()):
         if not hasattr(UnaryOp, op):
             continue
-        if t == Type.BF16 and op in F16_ONLY_KERNELS:
+        if t == Type.BF16 and op in F16_ONLY_KERNELS and Type.BF16 not in GELU_LIKE_TYPES:
             continue
         shape = shapes[i % 3]
         yield Sample((Arg(_unary_gen(op)(rng, shape), t), getattr(UnaryOp, op)), f"{op} {shape}")
@@ -238,7 +240,8 @@ def _unary_info(name, **kw):
                   tol={Type.F32: 5e-6},
                   note="GELU's kernel is within an F16 ulp of its F16-grid reference (see gelu): the loosest "
                        "of the ops sampled; BF16 samples leave out "
-                       "the F32/F16-only kernels (GELU, GELU_ERF, GELU_QUICK, SILU); UNARY:XIELU from "
+                       "the F32/F16-only kernels (GELU, GELU_ERF, GELU_QUICK, SILU; BF16 too from ggml 0.25.3); "
+                       "UNARY:XIELU from "
                        "ggml_unary has all its parameters 0 and computes 0", **kw)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
 from pyggml.opinfo._common import (CONVERT_NOTE, CONVERT_TOL, CONVERTED, FLOATS, IQ4_NL_WHY, SLOW_TO_QUANTIZE,
-                                   broadcast_pairs, normal, quantized_but, round_trip, tile_to, unary_samples,
+                                   bf16_if_taken, broadcast_pairs, normal, quantized_but, round_trip, tile_to, unary_samples,
                                    unsampled)
 
 
@@ -80,6 +80,10 @@ def _acc_samples(rng, t):
     yield Sample((Arg(a, t), Arg(normal(rng, (2, 3)), t), 24, 48, 96, 8), "2x3 block at (2, 0)")
     yield Sample((Arg(a, t), Arg(normal(rng, (6,)), t), 24, 24, 24, 24), "row 1")
     yield Sample((Arg(a, t), Arg(normal(rng, (2, 2)), t), 48, 96, 96, 0), "every other row")
+
+
+# SCALE: F32, and BF16 where its kernel is 0.25.3's (rules_arith.c)
+SCALE_TYPES = (Type.F32,) + bf16_if_taken("SCALE")
 
 
 def _scale_samples(rng, t):
@@ -174,11 +178,12 @@ OPINFOS = [
            unsampled=_INTO_Q_UNSAMPLED, note=_ADD_Q_NOTE),
     OpInfo("acc", ref=_ref_acc, samples=_acc_samples, grad=True),
     OpInfo("acc_inplace", ref=_ref_acc, samples=_acc_samples),
-    OpInfo("scale", ref=lambda a, s: a * np.float32(s), samples=_scale_samples, grad=True),
-    OpInfo("scale_inplace", ref=lambda a, s: a * np.float32(s), samples=_scale_samples),
-    OpInfo("scale_bias", ref=lambda a, s, b: a * np.float32(s) + np.float32(b), samples=_scale_bias_samples),
+    OpInfo("scale", ref=lambda a, s: a * np.float32(s), samples=_scale_samples, grad=True, types=SCALE_TYPES),
+    OpInfo("scale_inplace", ref=lambda a, s: a * np.float32(s), samples=_scale_samples, types=SCALE_TYPES),
+    OpInfo("scale_bias", ref=lambda a, s, b: a * np.float32(s) + np.float32(b), samples=_scale_bias_samples,
+           types=SCALE_TYPES),
     OpInfo("scale_bias_inplace", ref=lambda a, s, b: a * np.float32(s) + np.float32(b),
-           samples=_scale_bias_samples),
+           samples=_scale_bias_samples, types=SCALE_TYPES),
     OpInfo("clamp", ref=lambda a, lo, hi: np.clip(a, np.float32(lo), np.float32(hi)), samples=_clamp_samples,
            types=(Type.F32, Type.F16)),
     OpInfo("fill", ref=lambda a, c: np.full_like(a, np.float32(c)), samples=_fill_samples,

@@ -16,13 +16,15 @@ import numpy as np
 
 from pyggml._core import GluOp, Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import normal
+from pyggml.opinfo._common import bf16_if_taken, normal
 from pyggml.opinfo.activation import (ref_gelu, ref_gelu_erf, ref_gelu_quick, ref_relu, ref_sigmoid, ref_silu,
                                       left_tail_free)
 
 __all__ = ["OPINFOS"]
 
 F32_F16 = (Type.F32, Type.F16)
+# REGLU, GEGLU, SWIGLU, GEGLU_ERF, GEGLU_QUICK: BF16 too where GLU's kernel is 0.25.3's (rules_glu.c)
+GLU_TYPES = F32_F16 + bf16_if_taken("GLU")
 
 ACTS = {"REGLU": ref_relu, "GEGLU": ref_gelu, "SWIGLU": ref_silu, "GEGLU_ERF": ref_gelu_erf,
         "GEGLU_QUICK": ref_gelu_quick}
@@ -80,7 +82,7 @@ def _fused_info(name, op, swapped):
     def samples(rng, t):
         return _fused_samples(rng, t, op, swapped)
     kw = {"tol": _TABLE_TOL, "note": _TABLE_NOTE} if op in ("GEGLU", "GEGLU_QUICK") else {}
-    return OpInfo(name, ref=ref, samples=samples, types=F32_F16, **kw)
+    return OpInfo(name, ref=ref, samples=samples, types=GLU_TYPES, **kw)
 
 
 # split pairs: (shape, layout of a, layout of b)
@@ -111,7 +113,7 @@ def _split_info(name, op):
             yield Sample(args, what)
         yield Sample((Arg(_fused_value(rng, (3, 8), op), t), None), "b NULL: the halves of a")
     kw = {"tol": _TABLE_TOL, "note": _TABLE_NOTE} if op in ("GEGLU", "GEGLU_QUICK") else {}
-    return OpInfo(name, ref=ref, samples=samples, types=F32_F16, grad=op == "SWIGLU", **kw)
+    return OpInfo(name, ref=ref, samples=samples, types=GLU_TYPES, grad=op == "SWIGLU", **kw)
 
 
 def _ops(t):
@@ -171,7 +173,7 @@ def _swiglu_oai_samples(rng, t):
 
 
 def _infos():
-    yield OpInfo("glu", ref=_ref_glu, samples=_glu_samples, types=F32_F16, tol=_TABLE_TOL,
+    yield OpInfo("glu", ref=_ref_glu, samples=_glu_samples, types=GLU_TYPES, tol=_TABLE_TOL,
                  note="every GluOp, both halves orders; " + _TABLE_NOTE + "; SWIGLU_OAI (F32 only) with alpha "
                       "and limit 0, as ggml_glu leaves them")
     for op in ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK"):
@@ -179,7 +181,7 @@ def _infos():
         yield _fused_info(lower, op, False)
         yield _fused_info(f"{lower}_swapped", op, True)
         yield _split_info(f"{lower}_split", op)
-    yield OpInfo("glu_split", ref=_ref_glu_split, samples=_glu_split_samples, types=F32_F16, tol=_TABLE_TOL,
+    yield OpInfo("glu_split", ref=_ref_glu_split, samples=_glu_split_samples, types=GLU_TYPES, tol=_TABLE_TOL,
                  grad=True,
                  note="every GluOp; " + _TABLE_NOTE + "; the gradient check takes the first three samples "
                       "(SWIGLU, the only GLU ggml differentiates)")
