@@ -204,6 +204,51 @@ def _probe_rope_offset_grad():
     return err if err > 1e-4 else 0.0           # (F32 rounding is not the defect)
 
 
+def q8_k_rows(x):
+    """Rows of x (float32, rows of 256) as Q8_K blocks, the layout of ggml's block_q8_K (d f32,
+    qs i8[256], bsums i16[16]: 292 bytes), and the values they hold (d * qs). ggml quantizes
+    into Q8_K only as a dot product's other side; no quantize_chunk writes it."""
+    import numpy as np
+
+    rows = np.asarray(x, np.float32).reshape(-1, 256)
+    d = (np.abs(rows).max(axis=1) / 127).astype(np.float32)
+    safe = np.where(d == 0, 1, d)
+    qs = np.round(rows / safe[:, None]).clip(-127, 127).astype(np.int8)
+    block = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
+    out = np.zeros(rows.shape[0], block)
+    out["d"], out["qs"] = d, qs
+    out["bsums"] = qs.reshape(-1, 16, 16).astype(np.int16).sum(axis=2)
+    return out.view(np.uint8).reshape(*np.shape(x)[:-1], -1), (d[:, None] * qs).reshape(np.shape(x))
+
+
+def _probe_mul_mat_tiled_q8k_batches():
+    """The relative max error of mul_mat(Q4_K a, Q8_K b) with b's two batches of 8 rows each
+    followed by 8 rows it does not hold (a view), rules off, against float64 (0: absent)."""
+    import numpy as np
+
+    import pyggml
+    from pyggml.opinfo.harness import read, rules_disabled
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 256)).astype(np.float32)
+    raw, xv = q8_k_rows(rng.standard_normal((2, 16, 256)).astype(np.float32))
+    with rules_disabled(), pyggml.Context(1 << 22) as ctx:
+        a = ctx.from_numpy(pyggml.quantize(pyggml.Type.Q4_K, w), type=pyggml.Type.Q4_K)
+        store = ctx.from_numpy(raw, type=pyggml.Type.Q8_K)              # ne (256, 16, 2)
+        b = pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], store.nb[2], 0)
+        r = pyggml.mul_mat(ctx, a, b)
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(r)
+        try:
+            g.compute(1)
+        except pyggml.GGMLAbort:        # not this defect: the probe cannot measure it here
+            return None
+        got, wv = r.numpy().astype(np.float64), read(a)
+    want = np.einsum("mk,bnk->bnm", wv, xv[:, :8, :].astype(np.float64))
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    return err if err > 1e-3 else 0.0
+
+
 DEFECTS: tuple[Defect, ...] = (
     Defect(
         id="rope-ndims0-hang",
@@ -653,6 +698,23 @@ DEFECTS: tuple[Defect, ...] = (
         seen_in=("0.25.3",),
         probe=_probe_rope_offset_grad,
         probe_unit="max abs error of the input gradient of sum(rope(x, 4 dims at offset 2) * w) (0: absent)",
+    ),
+    Defect(
+        id="mul-mat-tiled-q8k-batches",
+        title="MUL_MAT and MUL_MAT_ID read the wrong rows of a Q8_K src1 whose batches are not packed",
+        ops=("MUL_MAT", "MUL_MAT_ID"),
+        where="ggml-cpu/tiled/tiled.cpp (new in 0.25.3), taken on x86 AVX builds for K-quant and IQ src0 from "
+              "8 src1 rows on: ggml_compute_forward_mul_mat_tiled_one_chunk finds row r of src1's dims 1..3 at "
+              "r*nb[1] (mul_mat_id_tiled_one_expert: token i12 at i12*ne11*nb11) where src1 is already Q8_K, "
+              "ignoring nb[2] and nb[3]; ggml_tiled_supported's check for that case (Q8_K and not contiguous) is "
+              "never reached, its type switch returns first. GGML_CPU_TILED_MM=0 takes the stock path, which is "
+              "right",
+        action="refused with UpstreamDefect where the reviewed 0.25.3 MUL_MAT/MUL_MAT_ID kernel would take the "
+               "tiled path (csrc/rules_matmul.c); the wrong values are shown in tests/test_rules_matmul.py",
+        seen_in=("0.25.3",),
+        probe=_probe_mul_mat_tiled_q8k_batches,
+        probe_unit="relative max error of mul_mat(Q4_K, Q8_K view with a gap after each batch of 8 rows), "
+                   "rules off, against float64 (0: absent)",
     ),
     Defect(
         id="kernel-out-of-bounds",

@@ -874,16 +874,17 @@ def test_conv_1d_with_a_batch_is_refused_and_really_scrambled(op):
 def test_conv_2d_dw_with_an_f32_kernel_is_refused_where_mul_mat_aborts():
     """ggml_conv_2d_dw makes F16 columns and multiplies them as mul_mat's src1 by the kernel
     (src0): the pinned CPU mul_mat takes src1 of F32 or src0's vec_dot type only (F32 for an
-    F32 kernel). The core MUL_MAT rule refuses it; unrefused, the kernel aborts. Where
-    MUL_MAT's kernel changed (ggml 0.25.3 converts the F16 columns), the proof decides,
-    and its values are checked against the float64 reference (the columns rounded to F16)."""
+    F32 kernel). The core MUL_MAT rule refuses it; unrefused, the kernel aborts. ggml
+    0.25.3's converts the F16 columns to F32 (reviewed: the rule takes them there); where
+    MUL_MAT's kernel changed unreviewed, the proof decides; the values are checked against
+    the float64 reference (the columns rounded to F16)."""
     k = np.random.default_rng(0).standard_normal((3, 1, 3, 3)).astype(np.float32)
     x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32)
 
     def build(ctx):
         return pyggml.conv_2d_dw(ctx, ctx.from_numpy(k), ctx.from_numpy(x), 1, 1, 0, 0, 1, 1)
     out = refused_where_kernel_aborts(build, pyggml.GGMLTypeError, "MUL_MAT node refused: src1 must be F32 or f32",
-                                      "MUL_MAT")
+                                      "MUL_MAT", since="0.25.3")
     if out is not None:
         want = C._ref_conv_2d_dw(k.astype(np.float64), x.astype(np.float16).astype(np.float64), 1, 1, 0, 0, 1, 1)
         np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-3, atol=1e-3)

@@ -83,3 +83,82 @@ def test_upstream_mul_mat_backward_aborts_for_a_broadcast_a_and_a_4d_b(ash, bsh)
     assert e.value.defect == "mul-mat-broadcast-grad"
     with rules_disabled(), pytest.raises(pyggml.GGMLAbort, match=r"tmp->ne\[3\] == 1"):
         grad_check(info, s)
+
+
+# --- ggml 0.25.3's tiled K-quant path: a Q8_K src1 with unpacked batches (mul-mat-tiled-q8k-batches)
+
+def _tiled_q8k(op):
+    """mul_mat (or mul_mat_id, every token to expert 0) of Q4_K weights by a Q8_K src1 whose 2
+    batches of 8 rows (mul_mat_id: 8 tokens of 1 row) are followed by rows they do not hold;
+    returns (build, want): want is the float64 product of the values the blocks hold"""
+    from pyggml.defects import q8_k_rows
+    from pyggml.opinfo.harness import read
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((2, 16, 256)).astype(np.float32)
+    raw, xv = q8_k_rows(rng.standard_normal((8, 2, 256) if op == "mul_mat_id" else (2, 16, 256)).astype(np.float32))
+    seen = {}
+
+    def build(ctx):
+        store = ctx.from_numpy(raw, type=Type.Q8_K)
+        if op == "mul_mat_id":
+            a = ctx.from_numpy(pyggml.quantize(Type.Q4_K, w.reshape(-1, 256)).reshape(2, 16, -1), type=Type.Q4_K)
+            seen["w"] = read(a)[0]
+            b = pyggml.view_3d(ctx, store, 256, 1, 8, store.nb[1], store.nb[2], 0)     # token t: row 2t
+            return pyggml.mul_mat_id(ctx, a, b, ctx.from_numpy(np.zeros((8, 1), np.int32)))
+        a = ctx.from_numpy(pyggml.quantize(Type.Q4_K, w[0]), type=Type.Q4_K)
+        seen["w"] = read(a)
+        b = pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], store.nb[2], 0)         # rows 0..7 of each batch
+        return pyggml.mul_mat(ctx, a, b)
+
+    def want():
+        x = xv[:, 0, :] if op == "mul_mat_id" else xv[:, :8, :]
+        return np.einsum("mk,...k->...m", seen["w"], x.astype(np.float64))
+    return build, want
+
+
+@pytest.mark.parametrize("op", ["mul_mat", "mul_mat_id"])
+def test_a_q8_k_src1_with_unpacked_batches_is_refused_where_the_tiled_path_misreads_it(op):
+    from pyggml import defects
+    from pyggml.opinfo._common import kernel_since
+    from rules_helpers import compute_unchecked, refused
+    build, want = _tiled_q8k(op)
+    kop = op.upper()
+    if kernel_since(kop, "0.25.3"):
+        refused(build, pyggml.UpstreamDefect, "tiled path reads row r", "mul-mat-tiled-q8k-batches")
+        got = compute_unchecked(build)
+        w = want()
+        if defects.present("mul-mat-tiled-q8k-batches"):        # an AVX build: the wrong rows
+            assert np.abs(got.reshape(w.shape) - w).max() > 0.5 * np.abs(w).max()
+        return
+    with pyggml.Context(16 << 20) as ctx:       # the stock path reads every batch at its nb[2]: right
+        t = build(ctx)
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(t)
+        g.compute(1)
+        got = t.numpy().astype(np.float64)
+    w = want()
+    np.testing.assert_allclose(got.reshape(w.shape), w, rtol=1e-4, atol=1e-3 * np.abs(w).max())
+    if not kernel_since(kop, "0.25.3") and kop not in pyggml._core.kernel_trust()["untrusted"]:
+        was = pyggml._core._set_kernel_reviewed(getattr(pyggml.Op, kop), "0.25.3")   # the rule for 0.25.3's kernel
+        try:
+            refused(build, pyggml.UpstreamDefect, "tiled path reads row r", "mul-mat-tiled-q8k-batches")
+        finally:
+            pyggml._core._set_kernel_reviewed(getattr(pyggml.Op, kop), was)
+
+
+def test_the_tiled_path_s_refusal_needs_8_rows():
+    """fewer than 8 src1 rows take the stock path, which reads the batches right: not refused,
+    even under a 0.25.3 review"""
+    from pyggml.defects import q8_k_rows
+    raw, _ = q8_k_rows(np.zeros((2, 16, 256), np.float32))
+    was = pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, "0.25.3")
+    try:
+        with pyggml.Context(16 << 20) as ctx:
+            a = ctx.from_numpy(pyggml.quantize(Type.Q4_K, np.ones((16, 256), np.float32)), type=Type.Q4_K)
+            store = ctx.from_numpy(raw, type=Type.Q8_K)
+            pyggml.mul_mat(ctx, a, pyggml.view_3d(ctx, store, 256, 7, 2, store.nb[1], store.nb[2], 0))
+            with pytest.raises(pyggml.UpstreamDefect, match="tiled path"):
+                pyggml.mul_mat(ctx, a, pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], store.nb[2], 0))
+            pyggml.mul_mat(ctx, a, pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], 8 * store.nb[1], 0))  # packed
+    finally:
+        pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, was)

@@ -3,6 +3,50 @@
  * I32 ids, shapes; ggml_out_prod: shapes, an F32 result) is not repeated. */
 #include "rules.h"
 
+#include <stdlib.h>
+
+/* ggml 0.25.3's tiled K-quant path (ggml-cpu/tiled/tiled.cpp, MUL_MAT and MUL_MAT_ID): taken
+ * on x86 AVX builds for src0 of these types, from 8 src1 rows on (per expert for MUL_MAT_ID;
+ * any number with GGML_CPU_TILED_MM_FORCE=1), unless GGML_CPU_TILED_MM=0 (read once by ggml,
+ * so not trusted here: the rules assume the path is on, and on every ISA). With a Q8_K src1
+ * (src0's vec_dot type, used in place) it finds row r of the flattened dims 1..3 at r*nb[1]:
+ * batches not packed after one another are read from the wrong rows (defect
+ * mul-mat-tiled-q8k-batches; its intended check, ggml_tiled_supported's !contiguous, is
+ * never reached: the type switch returns first). */
+static int tiled_src0(enum ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_Q6_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q2_K:
+        case GGML_TYPE_IQ4_XS: case GGML_TYPE_IQ2_XXS: case GGML_TYPE_IQ2_XS: case GGML_TYPE_IQ2_S:
+        case GGML_TYPE_IQ3_XXS: case GGML_TYPE_IQ3_S: case GGML_TYPE_IQ1_S: case GGML_TYPE_IQ1_M:
+            return 1;
+        default:
+            return 0;
+    }
+}
+
+static int tiled_q8k_misread(const struct ggml_tensor * t, int64_t rows) {
+    const struct ggml_tensor * a = t->src[0], * b = t->src[1];
+    if (!pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3)) || !tiled_src0(a->type) || b->type != GGML_TYPE_Q8_K) {
+        return 0;
+    }
+    const char * force = getenv("GGML_CPU_TILED_MM_FORCE");
+    if (rows < 8 && !(force != NULL && atoi(force) == 1)) {
+        return 0;
+    }
+    return (b->ne[2] > 1 && b->nb[2] != b->nb[1] * (size_t) b->ne[1]) ||
+           (b->ne[3] > 1 && b->nb[3] != b->nb[1] * (size_t) (b->ne[1] * b->ne[2]));
+}
+
+static int refuse_tiled_q8k(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * b = t->src[1];
+    why->defect = PG_DEFECT_MUL_MAT_TILED_Q8K_BATCHES;
+    return pg_refuse(why, "a q8_K src1 whose batches are not packed (nb=(%zu, %zu, %zu, %zu) for ne=(%lld, %lld, "
+                     "%lld, %lld)) with a %s src0: the CPU kernel's tiled path reads row r of dims 1..3 at r*nb[1], "
+                     "the wrong rows; use cont() on a float src1", b->nb[0], b->nb[1], b->nb[2], b->nb[3],
+                     (long long) b->ne[0], (long long) b->ne[1], (long long) b->ne[2], (long long) b->ne[3],
+                     pg_type(t->src[0]));
+}
+
 /* ggml-cpu.c ggml_compute_forward_mul_mat_id: a vec_dot for src0's type; src1 F32 (then
  * converted to the vec_dot type in the work buffer: GGML_ASSERT(src1->type == F32)) or
  * already of that type; nb00 and nb10 the element size (asserted); the result's
@@ -13,7 +57,9 @@
  * indexes matrix_row_counts[] and matrix_rows[] (the work buffer) out of bounds, and
  * ids written by another node of the graph (argsort, top_k) exist only at compute time.
  * (The one shape where no id can be valid, n_as = 0 experts, has an empty src0, which
- * pyggml does not compute.) */
+ * pyggml does not compute.) From 0.25.3, the tiled path (above) reads a Q8_K src1's token
+ * t at t*ne[1]*nb[1]; refused unless fewer than 8 rows are routed in all (the per-expert
+ * count is data). */
 static int rule_mul_mat_id(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * as = t->src[0];
     const struct ggml_tensor * b = t->src[1];
@@ -34,6 +80,10 @@ static int rule_mul_mat_id(const struct ggml_tensor * t, pg_why * why) {
     }
     PG_NEED_ROWS(as, "src0", why);
     PG_NEED_ROWS(b, "src1", why);
+    const struct ggml_tensor * ids = t->src[2];
+    if (tiled_q8k_misread(t, ids->ne[0] * ids->ne[1])) {
+        return refuse_tiled_q8k(t, why);
+    }
     return PYGGML_OK;
 }
 
@@ -75,7 +125,9 @@ static int rule_out_prod(const struct ggml_tensor * t, pg_why * why) {
 
 /* ggml-cpu.c ggml_compute_forward_mul_mat: src0 rows contiguous and not transposed, a
  * vec_dot for src0's type; src1 F32 or src0's vec_dot_type (supports_op), rows
- * contiguous; dst F32 with nb0 <= nb1 <= nb2 <= nb3 */
+ * contiguous; dst F32 with nb0 <= nb1 <= nb2 <= nb3. From 0.25.3 an F16 or BF16 src1 is
+ * widened to F32 rows where the vec_dot type is F32 (an F32 src0), and the tiled path
+ * (above) misreads a Q8_K src1 with unpacked batches. */
 static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     const struct ggml_tensor * a = t->src[0];
     const struct ggml_tensor * b = t->src[1];
@@ -85,7 +137,9 @@ static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     if (tr == NULL || tr->vec_dot == NULL) {
         return pg_refuse_type(why, "the CPU kernel has no dot product for src0 of type %s", pg_type(a));
     }
-    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type) {      /* GGML_ASSERT(src1->type == F32) */
+    const int widened = tr->vec_dot_type == GGML_TYPE_F32 && (b->type == GGML_TYPE_F16 || b->type == GGML_TYPE_BF16) &&
+                        pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3));
+    if (b->type != GGML_TYPE_F32 && b->type != tr->vec_dot_type && !widened) {   /* GGML_ASSERT(src1->type == F32) */
         return pg_kernel_aborts(why, pg_refuse_type(why, "src1 must be F32 or %s (the vec_dot type of src0's %s), "
                                                      "got %s", ggml_type_name(tr->vec_dot_type), pg_type(a),
                                                      pg_type(b)));
@@ -97,6 +151,9 @@ static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     PG_NEED_ROWS(b, "src1", why);
     if (!(t->nb[0] == sizeof(float) && t->nb[0] <= t->nb[1] && t->nb[1] <= t->nb[2] && t->nb[2] <= t->nb[3])) {
         return pg_refuse(why, "the result must be F32 with increasing strides");
+    }
+    if (tiled_q8k_misread(t, b->ne[1])) {
+        return refuse_tiled_q8k(t, why);
     }
     return PYGGML_OK;
 }
