@@ -28,10 +28,14 @@ import numpy as np
 
 from pyggml._core import OpPool, ScaleFlag, ScaleMode, Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import FLOATS, QUANTIZED, SHAPE_WHY, kernel_since, normal, uniform, unsampled
+from pyggml.opinfo._common import (FLOATS, QUANTIZED, SHAPE_WHY, bf16_if_taken, kernel_since, normal, uniform,
+                                  unsampled)
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 KT = (F32, F16)          # kernel types of the convolutions
+# the im2col convolutions multiply F32 columns by the kernel: a BF16 kernel too where MUL_MAT's
+# kernel is 0.25.3's, which widens an F16/BF16 src1 for an F32 src0 (rules_matmul.c)
+KT_MM = KT + bf16_if_taken("MUL_MAT")
 
 # Convolutions through im2col: ggml's builders make F16 columns for an F32 or F16 kernel
 # and mul_mat rounds the F32 kernel to F16 as well, so every product is F16 x F16 summed
@@ -666,30 +670,32 @@ OPINFOS = [
            note="t is the result type; no backward in ggml"),
     OpInfo("col2im_1d", ref=_ref_col2im_1d, samples=_col2im_samples, types=FLOATS,
            note="no backward in ggml"),
-    OpInfo("conv_1d", ref=_ref_conv_1d, samples=_conv_1d_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_1d", ref=_ref_conv_1d, samples=_conv_1d_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE + "; N = 1 only (a batch comes back scrambled: tests/test_rules_conv.py)", **IM2COL_GRAD),
-    OpInfo("conv_1d_ph", ref=_ref_conv_1d_ph, samples=_conv_1d_ph_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_1d_ph", ref=_ref_conv_1d_ph, samples=_conv_1d_ph_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE, **IM2COL_GRAD),
-    OpInfo("conv_1d_dw", ref=_ref_conv_1d_dw, samples=_conv_1d_dw_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_1d_dw", ref=_ref_conv_1d_dw, samples=_conv_1d_dw_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE, **IM2COL_GRAD),
-    OpInfo("conv_1d_dw_ph", ref=_ref_conv_1d_dw_ph, samples=_conv_1d_dw_ph_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_1d_dw_ph", ref=_ref_conv_1d_dw_ph, samples=_conv_1d_dw_ph_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE, **IM2COL_GRAD),
     OpInfo("conv_transpose_1d", ref=_ref_conv_transpose_1d, samples=_conv_transpose_1d_samples, types=KT,
            tol=TRANSPOSED_F16, note="no backward in ggml; an F16 kernel rounds the data to F16 too: NMSE measured "
                                     "up to 8.2e-6 (stride 0), hence 5e-5 for F16"),
-    OpInfo("conv_2d", ref=_ref_conv_2d, samples=_conv_2d_samples, types=KT, tol=IM2COL_TOL, note=IM2COL_NOTE,
+    OpInfo("conv_2d", ref=_ref_conv_2d, samples=_conv_2d_samples, types=KT_MM, tol=IM2COL_TOL, note=IM2COL_NOTE,
            **IM2COL_GRAD),
-    OpInfo("conv_3d", ref=_ref_conv_3d, samples=_conv_3d_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_3d", ref=_ref_conv_3d, samples=_conv_3d_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE + "; no backward in ggml (IM2COL_3D has none)"),
-    OpInfo("conv_2d_sk_p0", ref=_ref_conv_2d_sk_p0, samples=_conv_2d_fixed_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_2d_sk_p0", ref=_ref_conv_2d_sk_p0, samples=_conv_2d_fixed_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE, **IM2COL_GRAD),
-    OpInfo("conv_2d_s1_ph", ref=_ref_conv_2d_s1_ph, samples=_conv_2d_fixed_samples, types=KT, tol=IM2COL_TOL,
+    OpInfo("conv_2d_s1_ph", ref=_ref_conv_2d_s1_ph, samples=_conv_2d_fixed_samples, types=KT_MM, tol=IM2COL_TOL,
            note=IM2COL_NOTE, **IM2COL_GRAD),
-    OpInfo("conv_2d_dw", ref=_ref_conv_2d_dw, samples=_conv_2d_dw_samples, types=(F16, BF16),
-           tol={F16: IM2COL_TOL[F16], BF16: 1e-4},
+    OpInfo("conv_2d_dw", ref=_ref_conv_2d_dw, samples=_conv_2d_dw_samples,
+           types=(F16, BF16) + ((F32,) if kernel_since("MUL_MAT", "0.25.3") else ()),
+           tol={F32: IM2COL_TOL[F32], F16: IM2COL_TOL[F16], BF16: 1e-4},
            note="F16 and BF16 kernels only: for an F32 kernel ggml_conv_2d_dw multiplies it (mul_mat src0, F32) "
-                "by F16 columns, which the CPU mul_mat does not take (refused as GGMLTypeError; "
-                "tests/test_rules_conv.py); hence no gradient check (it needs F32 parameters). BF16: the builder "
+                "by F16 columns, which the CPU mul_mat does not take before ggml 0.25.3 (refused as "
+                "GGMLTypeError; tests/test_rules_conv.py; 0.25.3's widens them: F32 listed there); hence no "
+                "gradient check (it needs F32 parameters). BF16: the builder "
                 "makes F32 columns for a BF16 kernel, which mul_mat converts to BF16 for the dot products "
                 "(measured NMSE up to 7.4e-6 over 40 seeds; mul_mat's BF16 bound 1e-4)"),
     OpInfo("conv_2d_dw_direct", ref=_ref_conv_2d_dw, samples=_conv_2d_dw_direct_samples, types=KT,
