@@ -248,12 +248,18 @@ def header_version(path: str) -> str:
     return "unknown"
 
 
+def _release(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".")) if re.fullmatch(r"\d+\.\d+\.\d+", v) else ()
+
+
 def resolve(ops: list[Op], builders: dict[str, list[str]], strict: bool = False,
-            enums: dict[str, list[str]] | None = None) -> None:
+            enums: dict[str, list[str]] | None = None, version: str = "unknown") -> None:
     """Mark the rows this ggml.h cannot bind (absent, or another signature).
 
     ``strict`` (the pinned release): every row is bound as the table declares it, and a
-    row that drifted from the header fails the build at its typed function pointer. An
+    row that drifted from the header fails the build at its typed function pointer; a row
+    of a newer release (``since`` after ``version``, the header's) is checked as on any
+    other release: unavailable where the header lacks it or declares it otherwise. An
     impl=pyggml row calls pyggml's own builder: it is available where ggml's op enum has
     the op its node is (``enums``: the header's enums).
     """
@@ -269,7 +275,7 @@ def resolve(ops: list[Op], builders: dict[str, list[str]], strict: bool = False,
             continue
         have = builders.get(op.cname)
         want = [p.ctype for p in op.params]
-        if strict:
+        if strict and not (_release(version) and _release(op.since) > _release(version)):
             continue
         if have is None:
             op.available = False
@@ -664,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     builders = header_builders(src)
     version = header_version(args.header)
     enums = header_enums(src)
-    resolve(ops, builders, args.strict, enums)
+    resolve(ops, builders, args.strict, enums, version)
     os.makedirs(args.out, exist_ok=True)
     h, c = gen_c(ops)
     families: dict[str, list[Op]] = {}

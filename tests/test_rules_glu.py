@@ -77,3 +77,15 @@ def test_glu_layouts_the_builder_refuses():
             pyggml.swiglu(ctx, _dims12_swapped(ctx))
         with pytest.raises(pyggml.GGMLAbort):
             pyggml.swiglu_split(ctx, _f32(ctx, (3, 8)), ctx.from_numpy(np.ones((3, 8), np.float16)))
+
+
+@pytest.mark.skipif(not hasattr(pyggml, "swiglu_clamp") or not _have(GluOp, "SWIGLU_CLAMP"),
+                    reason="this ggml has no SWIGLU_CLAMP (ggml 0.25.3 on)")
+@pytest.mark.parametrize("typ", [Type.BF16, Type.Q8_0])
+def test_swiglu_clamp_of_a_type_but_f32_f16_is_refused_where_the_kernel_aborts(typ):
+    # ops.cpp ggml_compute_forward_swiglu_clamp: F32, F16, else GGML_ABORT (no BF16 case)
+    def build(ctx):
+        return pyggml.swiglu_clamp(ctx, t_(ctx, rnd((2, 64)), typ), None, 7.0)
+    out = refused_where_kernel_aborts(build, pyggml.GGMLTypeError, "takes F32 or F16", "GLU")
+    assert out is None, "a SWIGLU_CLAMP kernel that computes this type: review its rule and OpInfo"
+

@@ -8,8 +8,8 @@
  * Without src1, each row's halves are [0, ne0/2) and [ne0/2, 2*(ne0/2)) (an odd row's
  * last element is not read). The result has src0's type (the builder's).
  * Since 0.25.3 the five switches have a BF16 case (glu_bf16_rows: the same asserts and walk);
- * swiglu_oai still takes F32 only. (0.25.3's SWIGLU_CLAMP, F32 and F16, is not bound yet: its
- * nodes have no rule, and are proven.) */
+ * swiglu_oai still takes F32 only. 0.25.3's swiglu_clamp takes F32 and F16 (GGML_ABORT
+ * otherwise), with the same asserts and walk; no BF16 case. */
 #include "rules.h"
 
 static int glu_types(const struct ggml_tensor * t, pg_why * why, int f16_too, int bf16_too) {
@@ -31,6 +31,11 @@ static int rule_glu(const struct ggml_tensor * t, pg_why * why) {
     return glu_types(t, why, 1, pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3)));
 }
 
+/* ops.cpp ggml_compute_forward_swiglu_clamp (0.25.3): F32 and F16 */
+static int rule_swiglu_clamp(const struct ggml_tensor * t, pg_why * why) {
+    return glu_types(t, why, 1, 0);
+}
+
 /* ops.cpp ggml_compute_forward_swiglu_oai: F32 only */
 static int rule_swiglu_oai(const struct ggml_tensor * t, pg_why * why) {
     return glu_types(t, why, 0, 0);
@@ -43,5 +48,6 @@ const pg_named_rule pg_rules_glu[] = {
     {"GLU:GEGLU_ERF", rule_glu},
     {"GLU:GEGLU_QUICK", rule_glu},
     {"GLU:SWIGLU_OAI", rule_swiglu_oai},
+    {"GLU:SWIGLU_CLAMP", rule_swiglu_clamp},    /* a ggml without it: the entry binds to nothing */
     {NULL, NULL},
 };

@@ -50,6 +50,13 @@ def ref_swiglu_oai(x, g, alpha, limit):
     return xc * ref_sigmoid(alpha * xc) * (gc + 1.0)
 
 
+def ref_swiglu_clamp(x, g, limit):
+    """ggml 0.25.3's SWIGLU_CLAMP: x' = min(x, limit), g' = clamp(g, -limit, limit); silu(x') g'."""
+    limit = float(np.float32(limit))
+    xc = np.minimum(x, limit)
+    return ref_silu(xc) * np.clip(g, -limit, limit)
+
+
 def _gate_values(rng, shape, op):
     """the gate half bounded away from GELU's left tail; the other half N(0, 1)"""
     return left_tail_free(rng, shape) if op != "REGLU" else normal(rng, shape, 2.0)
@@ -172,6 +179,22 @@ def _swiglu_oai_samples(rng, t):
                   1.702, np.inf), "limit inf, b strided")
 
 
+def _ref_swiglu_clamp(a, b, limit):
+    x, g = (a, b) if b is not None else halves(a, False)
+    return ref_swiglu_clamp(x, g, limit)
+
+
+def _swiglu_clamp_samples(rng, t):
+    # values of scale 4 so that limits of 1.5 and 7 clip some of them
+    for limit in (7.0, 1.5, 0.0):
+        yield Sample((Arg(normal(rng, (3, 6), 4.0), t), Arg(normal(rng, (3, 6), 4.0), t), limit),
+                     f"split, limit {limit}")
+        yield Sample((Arg(normal(rng, (2, 3, 8), 4.0), t, "strided"), None, limit),
+                     f"halves of a strided, limit {limit}")
+    yield Sample((Arg(normal(rng, (2, 1, 3, 4), 4.0), t), Arg(normal(rng, (2, 1, 3, 4), 4.0), t, "strided"),
+                  np.inf), "limit inf, b strided")
+
+
 def _infos():
     yield OpInfo("glu", ref=_ref_glu, samples=_glu_samples, types=GLU_TYPES, tol=_TABLE_TOL,
                  note="every GluOp, both halves orders; " + _TABLE_NOTE + "; SWIGLU_OAI (F32 only) with alpha "
@@ -187,6 +210,8 @@ def _infos():
                       "(SWIGLU, the only GLU ggml differentiates)")
     yield OpInfo("swiglu_oai", ref=_ref_swiglu_oai, samples=_swiglu_oai_samples, types=(Type.F32,),
                  note="F32 only (the CPU kernel's one type); no backward in ggml")
+    yield OpInfo("swiglu_clamp", ref=_ref_swiglu_clamp, samples=_swiglu_clamp_samples, types=F32_F16,
+                 note="ggml 0.25.3 on: F32 and F16 (the CPU kernel's types); no backward in ggml")
 
 
 OPINFOS = list(_infos())
