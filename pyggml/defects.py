@@ -131,6 +131,20 @@ def _probe_add_q_no_from_float():
     return _verdict(build)
 
 
+def _computed(ctx, t) -> bool:
+    """Compute t's graph; False where the kernel aborts (not the probe's defect: it cannot
+    measure it on this ggml)."""
+    import pyggml
+
+    g = pyggml.Graph(ctx, 8)
+    g.build_forward_expand(t)
+    try:
+        g.compute(1)
+    except pyggml.GGMLAbort:
+        return False
+    return True
+
+
 def _probe_conv_transpose_2d_batch():
     import numpy as np
 
@@ -144,11 +158,7 @@ def _probe_conv_transpose_2d_batch():
         k = ctx.from_numpy(np.ones((2, 3, 3, 3), np.float16))
         x = ctx.from_numpy(np.ones((2, 2, 4, 4), np.float32))
         r = pyggml.conv_transpose_2d_p0(ctx, k, x, 2)
-        g = pyggml.Graph(ctx, 8)
-        g.build_forward_expand(r)
-        try:
-            g.compute(1)
-        except pyggml.GGMLAbort:        # not this defect: the probe cannot measure it here
+        if not _computed(ctx, r):
             return None
         v = read(r)
     if np.array_equal(v[0], v[1]):
@@ -237,11 +247,7 @@ def _probe_mul_mat_tiled_q8k_batches():
         store = ctx.from_numpy(raw, type=pyggml.Type.Q8_K)              # ne (256, 16, 2)
         b = pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], store.nb[2], 0)
         r = pyggml.mul_mat(ctx, a, b)
-        g = pyggml.Graph(ctx, 8)
-        g.build_forward_expand(r)
-        try:
-            g.compute(1)
-        except pyggml.GGMLAbort:        # not this defect: the probe cannot measure it here
+        if not _computed(ctx, r):
             return None
         got, wv = r.numpy().astype(np.float64), read(a)
     want = np.einsum("mk,bnk->bnm", wv, xv[:, :8, :].astype(np.float64))
