@@ -45,6 +45,14 @@ static inline struct ggml_tensor * ggml_rope_set_offset(struct ggml_tensor * a, 
 }
 #endif
 
+#if !PYGGML_HAVE_FA_N_KV_MAX
+/* never called: flash_attn_ext_set_n_kv_max() raises GGMLVersionError first */
+static inline void ggml_flash_attn_ext_set_n_kv_max(struct ggml_tensor * a, int32_t n_kv_max) {
+    (void) a;
+    (void) n_kv_max;
+}
+#endif
+
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */
 #define GGML_OP_FLASH_ATTN_BACK GGML_OP_COUNT

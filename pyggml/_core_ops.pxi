@@ -308,6 +308,26 @@ def flash_attn_ext_set_prec(a, prec):
     ggml_flash_attn_ext_set_prec(t.ptr, <ggml_prec>p)
 
 
+def flash_attn_ext_set_n_kv_max(a, n_kv_max):
+    """flash_attn_ext_set_n_kv_max(a, n_kv_max): treat the finite entries of a FLASH_ATTN_EXT
+    node's mask as a sparse K/V set of at most ``n_kv_max`` per row; 0 turns it off
+    (``ggml_flash_attn_ext_set_n_kv_max``, in ggml after 0.20.2). A hint for backends that
+    use it: ggml 0.25.3's CPU kernel does not read it (op_params[4]), and computes the same.
+    The bound is on the mask's data, which nothing checks here.
+
+    GGMLVersionError where the linked ggml lacks it; ArgumentError for what ggml asserts
+    (a node of another op, a negative bound)."""
+    cdef Tensor t = arg_tensor(a, "a", "flash_attn_ext_set_n_kv_max")
+    cdef int32_t n = arg_int32(n_kv_max, "n_kv_max", "flash_attn_ext_set_n_kv_max")
+    if not PYGGML_HAVE_FA_N_KV_MAX:
+        raise version_error("flash_attn_ext_set_n_kv_max", "ggml_flash_attn_ext_set_n_kv_max is newer than this ggml")
+    if ggml_op_name(t.ptr.op).decode() != "FLASH_ATTN_EXT":
+        raise ArgumentError(f"flash_attn_ext_set_n_kv_max: a must be a FLASH_ATTN_EXT node, not {t.op}")
+    if n < 0:
+        raise ArgumentError(f"flash_attn_ext_set_n_kv_max: n_kv_max must be >= 0, got {n}")
+    ggml_flash_attn_ext_set_n_kv_max(t.ptr, n)
+
+
 def rope_set_offset(a, n_offs):
     """rope_set_offset(a, n_offs) -> a: rotate each row's n_dims elements from element
     ``n_offs`` on, instead of from 0 (``ggml_rope_set_offset``, in ggml after 0.20.2).

@@ -21,6 +21,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_USE_REF
         PYGGML_HAVE_CUSTOM_4D
         PYGGML_HAVE_ROPE_SET_OFFSET
+        PYGGML_HAVE_FA_N_KV_MAX
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:
@@ -159,6 +160,7 @@ cdef extern from "_compat.h" nogil:
     void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
     ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)   # _compat.h: a no-op stand-in where absent
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
+    void ggml_flash_attn_ext_set_n_kv_max(ggml_tensor * a, int32_t n_kv_max)   # _compat.h: a stand-in where absent
     void ggml_set_loss(ggml_tensor * tensor)
 
     # the graph builders (ggml_add, ...) are declared by the generated pyggml_ops.h

@@ -388,6 +388,37 @@ def test_fa_prec_f32_does_not_change_the_cpu_result():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def _fa_node(ctx, q, k, v):
+    return pyggml.flash_attn_ext(ctx, ctx.from_numpy(q), ctx.from_numpy(k), ctx.from_numpy(v), None,
+                                 1 / math.sqrt(q.shape[-1]), 0.0, 0.0)
+
+
+def test_fa_n_kv_max_is_set_where_ggml_has_it_and_the_cpu_ignores_it():
+    """ggml_flash_attn_ext_set_n_kv_max (after 0.20.2) stores the bound in op_params[4]; the
+    CPU kernel does not read it: the values are those without it"""
+    q, k, v = f32(1, 2, 1, 8), f32(1, 1, 64, 8).astype(np.float16), f32(1, 1, 64, 8).astype(np.float16)
+    from pyggml import _optable
+    with pyggml.Context(16 << 20) as ctx:
+        r = _fa_node(ctx, q, k, v)
+        if "ggml_flash_attn_ext_set_n_kv_max" not in _optable.API:      # the linked ggml.h's GGML_API functions
+            with pytest.raises(pyggml.GGMLVersionError, match="newer than this ggml"):
+                pyggml.flash_attn_ext_set_n_kv_max(r, 16)
+            return
+        pyggml.flash_attn_ext_set_n_kv_max(r, 16)
+        assert r.op_params[4] == 16
+        plain = _fa_node(ctx, q, k, v)
+        g = pyggml.Graph(ctx, 16)
+        g.build_forward_expand(r)
+        g.build_forward_expand(plain)
+        g.compute(1)
+        np.testing.assert_array_equal(read(r), read(plain))
+        with pytest.raises(pyggml.ArgumentError, match="must be >= 0"):
+            pyggml.flash_attn_ext_set_n_kv_max(r, -1)
+        with pytest.raises(pyggml.ArgumentError, match="FLASH_ATTN_EXT node, not ADD"):
+            pyggml.flash_attn_ext_set_n_kv_max(pyggml.add(ctx, ctx.from_numpy(q), ctx.from_numpy(q)), 4)
+        assert r.op_params[4] == 16             # a refusal leaves the node as it was
+
+
 # --- GET_REL_POS ------------------------------------------------------------------------------------
 
 def test_get_rel_pos_type():
