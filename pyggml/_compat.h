@@ -53,6 +53,21 @@ static inline void ggml_flash_attn_ext_set_n_kv_max(struct ggml_tensor * a, int3
 }
 #endif
 
+#if !PYGGML_HAVE_PREC_SET
+/* never called: prec_set_acc() and prec_set_src() raise GGMLVersionError first */
+static inline bool ggml_prec_set_acc(struct ggml_tensor * a, enum ggml_prec prec) {
+    (void) a;
+    (void) prec;
+    return false;
+}
+static inline bool ggml_prec_set_src(struct ggml_tensor * a, enum ggml_prec prec, int idx) {
+    (void) a;
+    (void) prec;
+    (void) idx;
+    return false;
+}
+#endif
+
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */
 #define GGML_OP_FLASH_ATTN_BACK GGML_OP_COUNT

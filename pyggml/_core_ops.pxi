@@ -308,6 +308,39 @@ def flash_attn_ext_set_prec(a, prec):
     ggml_flash_attn_ext_set_prec(t.ptr, <ggml_prec>p)
 
 
+def prec_set_acc(a, prec):
+    """prec_set_acc(a, prec) -> bool: the least accumulator precision (:class:`Prec`) the
+    implementation may use for node ``a`` (``ggml_prec_set_acc``, in ggml after 0.20.2, which
+    deprecates mul_mat_set_prec and flash_attn_ext_set_prec for it): MUL_MAT and MUL_MAT_ID
+    keep it in op_params[0], FLASH_ATTN_EXT in op_params[3]; False (nothing set) for another
+    op, as ggml answers. The CPU backend computes in F32 either way.
+
+    GGMLVersionError where the linked ggml lacks it."""
+    cdef Tensor t = arg_tensor(a, "a", "prec_set_acc")
+    cdef int p = arg_enum(prec, Prec, "prec", "prec_set_acc")
+    if not PYGGML_HAVE_PREC_SET:
+        raise version_error("prec_set_acc", "ggml_prec_set_acc is newer than this ggml")
+    return bool(ggml_prec_set_acc(t.ptr, <ggml_prec>p))
+
+
+def prec_set_src(a, prec, idx):
+    """prec_set_src(a, prec, idx) -> bool: the smallest type rank (:class:`Prec`) the
+    implementation may convert source ``idx`` of node ``a`` to (``ggml_prec_set_src``, in ggml
+    after 0.20.2): MUL_MAT and MUL_MAT_ID take it for src1 only (op_params[3]); False
+    (nothing set) for another op or source, as ggml answers.
+
+    GGMLVersionError where the linked ggml lacks it; ArgumentError for an idx outside
+    [0, GGML_MAX_SRC) (ggml asserts it)."""
+    cdef Tensor t = arg_tensor(a, "a", "prec_set_src")
+    cdef int p = arg_enum(prec, Prec, "prec", "prec_set_src")
+    cdef int32_t i = arg_int32(idx, "idx", "prec_set_src")
+    if not PYGGML_HAVE_PREC_SET:
+        raise version_error("prec_set_src", "ggml_prec_set_src is newer than this ggml")
+    if i < 0 or i >= GGML_MAX_SRC:
+        raise ArgumentError(f"prec_set_src: idx must be in [0, {GGML_MAX_SRC}), got {i}")
+    return bool(ggml_prec_set_src(t.ptr, <ggml_prec>p, i))
+
+
 def flash_attn_ext_set_n_kv_max(a, n_kv_max):
     """flash_attn_ext_set_n_kv_max(a, n_kv_max): treat the finite entries of a FLASH_ATTN_EXT
     node's mask as a sparse K/V set of at most ``n_kv_max`` per row; 0 turns it off

@@ -22,6 +22,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_CUSTOM_4D
         PYGGML_HAVE_ROPE_SET_OFFSET
         PYGGML_HAVE_FA_N_KV_MAX
+        PYGGML_HAVE_PREC_SET
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:
@@ -161,6 +162,8 @@ cdef extern from "_compat.h" nogil:
     ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)   # _compat.h: a no-op stand-in where absent
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_flash_attn_ext_set_n_kv_max(ggml_tensor * a, int32_t n_kv_max)   # _compat.h: a stand-in where absent
+    bint ggml_prec_set_acc(ggml_tensor * a, ggml_prec prec)                 # the same
+    bint ggml_prec_set_src(ggml_tensor * a, ggml_prec prec, int idx)        # the same
     void ggml_set_loss(ggml_tensor * tensor)
 
     # the graph builders (ggml_add, ...) are declared by the generated pyggml_ops.h

@@ -162,3 +162,31 @@ def test_the_tiled_path_s_refusal_needs_8_rows():
             pyggml.mul_mat(ctx, a, pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], 8 * store.nb[1], 0))  # packed
     finally:
         pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, was)
+
+
+# --- the precision API of ggml after 0.20.2 (ggml_prec_set_acc, ggml_prec_set_src) ----------------
+
+def test_the_precision_api_sets_what_ggml_says_and_the_cpu_computes_the_same():
+    from pyggml import _optable
+    a, b = rnd((3, 8)).astype(np.float32), rnd((4, 8), 1).astype(np.float32)
+    with pyggml.Context(1 << 20) as ctx:
+        r = pyggml.mul_mat(ctx, ctx.from_numpy(a), ctx.from_numpy(b))
+        if "ggml_prec_set_acc" not in _optable.API:         # the linked ggml.h's GGML_API functions
+            for call in (lambda: pyggml.prec_set_acc(r, pyggml.Prec.F32),
+                         lambda: pyggml.prec_set_src(r, pyggml.Prec.F32, 1)):
+                with pytest.raises(pyggml.GGMLVersionError, match="newer than this ggml"):
+                    call()
+            return
+        P = pyggml.Prec
+        assert pyggml.prec_set_acc(r, P.F32) is True and r.op_params[0] == int(P.F32)
+        assert pyggml.prec_set_src(r, P.BF16, 1) is True and r.op_params[3] == int(P.BF16)
+        assert pyggml.prec_set_src(r, P.F16, 0) is False and r.op_params[2] == 0     # src1 only
+        assert r.op_params[1] == 0                          # the hint (Hadamard) untouched
+        s = pyggml.add(ctx, ctx.from_numpy(a), ctx.from_numpy(a))
+        assert pyggml.prec_set_acc(s, P.F32) is False and list(s.op_params[:4]) == [0, 0, 0, 0]
+        with pytest.raises(pyggml.ArgumentError, match=r"idx must be in \[0, 10\)"):
+            pyggml.prec_set_src(r, P.F32, 10)
+        g = pyggml.Graph(ctx, 8)
+        g.build_forward_expand(r)
+        g.compute(1)
+        np.testing.assert_allclose(r.numpy(), b.astype(np.float64) @ a.T.astype(np.float64), rtol=1e-5, atol=1e-5)
