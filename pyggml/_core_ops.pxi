@@ -180,12 +180,13 @@ def op_is_checked(op, sub_op=0):
 
 def kernel_trust():
     """kernel_trust() -> {"known": bool, "untrusted": [op, ...], "reviewed": [op, ...],
-    "reviewed_in": {op: release}}:
+    "reviewed_in": {op: release}, "pinned_release": release | None}:
     whether the build could fingerprint the linked ggml's CPU kernels (pyggml/_kernels.py:
     a source build), the ops (GGML_OP names) whose kernel is not one their rule was
     written against or reviewed for, and the ops whose kernel is another release's that a
     rule review accepted (trusted, but not the pinned release's kernel), with the release
-    that review read (a rule's clauses for the newer kernels hold from it on). Untrusted ops'
+    that review read, and the release of the pinned kernels: a rule's clauses for a range of
+    releases compare the release of the op's kernel. Untrusted ops'
     nodes are proven in a forked child, with a timeout, before they compute: a rule
     cannot vouch for a kernel it has not seen (and a refusal that stands for the old
     kernel's abort leaves the node to that proof). Where the kernels are unknown (a
@@ -196,7 +197,9 @@ def kernel_trust():
             "untrusted": [n for i, n in enumerate(names) if pyggml_kernel_untrusted(i)],
             "reviewed": [n for i, n in enumerate(names) if pyggml_kernel_reviewed(i)],
             "reviewed_in": {n: _release_name(pyggml_kernel_reviewed(i))
-                            for i, n in enumerate(names) if pyggml_kernel_reviewed(i)}}
+                            for i, n in enumerate(names) if pyggml_kernel_reviewed(i)},
+            "pinned_release": _release_name(pyggml_kernels_pinned_release()) if pyggml_kernels_pinned_release()
+                              else None}
 
 
 cdef str _release_name(int number):

@@ -54,6 +54,8 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_kernel_reviewed(int op)
     int pyggml_kernel_set_untrusted(int op, int flag)
     int pyggml_kernel_set_reviewed(int op, int release)
+    int pyggml_kernel_release(int op)
+    int pyggml_kernels_pinned_release()
     int pyggml_rule_entry(int i, const char ** family, const char ** name)
     void pyggml_flash_attn_back_offsets(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
                                         size_t * offs)

@@ -125,9 +125,12 @@ def test_rewriting_the_pinned_prints_keeps_the_reviewed_ones(tmp_path, cpu_copy)
     tree = tmp_path / "tree"
     (tree / "src").mkdir(parents=True)
     cpu_copy.rename(tree / "src" / "ggml-cpu")
-    assert kern.main(["--tree", str(tree), "--expected", str(prints), "--write"]) == 0
+    with pytest.raises(SystemExit):                 # the release the prints are of is not optional
+        kern.main(["--tree", str(tree), "--expected", str(prints), "--write"])
+    assert kern.main(["--tree", str(tree), "--expected", str(prints), "--write", "--release", "0.20.2"]) == 0
     text = prints.read_text()
     assert text.startswith(kern.HEADER) and text.endswith("ROPE 00 0.25.3\n") and "ADD 11\n" not in text
+    assert kern.read_pinned_release(str(prints)) == "0.20.2"
     assert kern.read_prints(str(prints)) == kern.fingerprints(str(tree / "src" / "ggml-cpu"))
 
 
@@ -156,6 +159,15 @@ def test_the_header_says_what_is_known():
     h = kern.gen_header(None, "")
     assert "#define PG_KERNELS_KNOWN 0" in h and "#define PG_KERNELS_CHANGED NULL" in h
     assert "#define PG_KERNELS_REVIEWED NULL" in h
+
+
+def test_the_pinned_prints_are_of_the_pinned_release():
+    lock = (ROOT / "vendor" / "ggml.lock").read_text()
+    version = re.search(r"^version = (\S+)$", lock, re.M).group(1)
+    assert kern.read_pinned_release(str(ROOT / "pyggml" / "kernels.txt")) == version
+    h = kern.gen_header([], "/t", {}, "0.20.2")
+    assert "#define PG_KERNELS_PINNED_RELEASE 20002" in h
+    assert "#define PG_KERNELS_PINNED_RELEASE 0" in kern.gen_header(None, "")
 
 
 def test_a_review_names_a_release_the_rules_can_compare():
@@ -235,7 +247,7 @@ def test_this_build_reports_its_kernel_trust():
         assert trust["known"] is False
         assert len(trust["untrusted"]) == len(pyggml.Op) and "MUL_MAT" in trust["untrusted"]
     elif src.startswith("pypi:libggml-python==0.20.2"):
-        assert trust == {"known": True, "untrusted": [], "reviewed": [], "reviewed_in": {}}
+        assert trust == {"known": True, "untrusted": [], "reviewed": [], "reviewed_in": {}, "pinned_release": "0.20.2"}
 
 
 def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
@@ -421,9 +433,19 @@ def test_rope_with_no_rotated_dims_is_refused_where_the_kernel_changed():
             assert defects.get("rope-ndims0-hang").run_probe() == "ok"
         was = _core._set_kernel_untrusted(pyggml.Op.ROPE, True)
         try:
-            with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0 with this ggml's changed rope kernel") as e:
+            with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0 with this ggml's rope kernel") as e:
                 pyggml.rope(ctx, a, pos, 0, 0)
             assert e.value.defect == "rope-ndims0-hang"
             pyggml.rope(ctx, a, pos, 2, 0)                       # rotating dims is not refused
         finally:
             _core._set_kernel_untrusted(pyggml.Op.ROPE, was)
+        # by release (pg_kernel_before): a kernel of 0.20.2 or before copies, a later one hangs
+        if "ROPE" not in _core.kernel_trust()["untrusted"]:
+            was = _core._set_kernel_reviewed(pyggml.Op.ROPE, "0.25.3")
+            try:
+                with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0"):
+                    pyggml.rope(ctx, a, pos, 0, 0)
+                _core._set_kernel_reviewed(pyggml.Op.ROPE, "0.17.0")
+                pyggml.rope(ctx, a, pos, 0, 0)                   # an older release's kernel: not refused
+            finally:
+                _core._set_kernel_reviewed(pyggml.Op.ROPE, was)

@@ -147,7 +147,7 @@ static pg_rule * slot_of(const char * name) {
 static unsigned char untrusted[MAX_OPS];
 static const char * const changed_kernels[] = {PG_KERNELS_CHANGED};
 /* ops trusted by a review of another release's kernel (kernels.txt `OP DIGEST RELEASE`):
- * trusted to their rules, but not the pinned kernels (pg_kernel_pinned) */
+ * trusted to their rules as that release's kernels (kernel_release) */
 static int reviewed_in[MAX_OPS];   /* the release (PG_RELEASE) of that review; 0: none */
 static const char * const reviewed_kernels[] = {PG_KERNELS_REVIEWED};
 static const int reviewed_releases[] = {PG_KERNELS_REVIEWED_IN};
@@ -225,19 +225,33 @@ int pyggml_kernel_reviewed(int op) {
     return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS ? __atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED) : 0;
 }
 
-int pg_kernel_pinned(int op) {
-    ensure_init();
-    return op >= 0 && op < GGML_OP_COUNT && op < MAX_OPS && !__atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED) &&
-           !__atomic_load_n(&untrusted[op], __ATOMIC_RELAXED);
+int pyggml_kernels_pinned_release(void) {
+    return PG_KERNELS_PINNED_RELEASE;
 }
 
-int pg_kernel_since(int op, int release) {
+/* the release whose kernel op's is (PG_RELEASE): a review's, or the pinned prints' for a
+ * trusted kernel not reviewed; 0 for an untrusted one (or where the pinned release is unknown) */
+static int kernel_release(int op) {
     ensure_init();
-    if (op < 0 || op >= GGML_OP_COUNT || op >= MAX_OPS) {
+    if (op < 0 || op >= GGML_OP_COUNT || op >= MAX_OPS || __atomic_load_n(&untrusted[op], __ATOMIC_RELAXED)) {
         return 0;
     }
     int in = __atomic_load_n(&reviewed_in[op], __ATOMIC_RELAXED);
-    return in > 0 && in >= release && !__atomic_load_n(&untrusted[op], __ATOMIC_RELAXED);
+    return in > 0 ? in : PG_KERNELS_PINNED_RELEASE;
+}
+
+int pg_kernel_since(int op, int release) {
+    int rel = kernel_release(op);
+    return rel > 0 && rel >= release;
+}
+
+int pg_kernel_before(int op, int release) {
+    int rel = kernel_release(op);
+    return rel > 0 && rel < release;
+}
+
+int pyggml_kernel_release(int op) {
+    return kernel_release(op);
 }
 
 int pyggml_kernel_set_reviewed(int op, int release) {

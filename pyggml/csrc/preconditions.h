@@ -49,21 +49,20 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...)
  * not marked so stands whatever the kernel. */
 int pg_kernel_aborts(pg_why * why, int rc);
 
-/* 1 where op's CPU kernel is the pinned release's own (not a changed kernel, nor one a
- * review of another release trusted): for a rule that knows a defect of the changed
- * kernels, which a review does not make go away (ROPE's n_dims = 0 hang) */
-int pg_kernel_pinned(int op);
-
 /* A release as one number, for pg_kernel_since: PG_RELEASE(0, 25, 3) */
 #define PG_RELEASE(major, minor, patch) ((major) * 1000000 + (minor) * 1000 + (patch))
 
-/* 1 where op's CPU kernel is one a review accepted (kernels.txt `OP DIGEST RELEASE`) for
- * `release` or a later one: for a clause that holds for the newer kernels only, such as a
- * type the new kernel takes (`if (type == BF16 && pg_kernel_since(op, PG_RELEASE(0, 25, 3)))`).
- * 0 for the pinned kernel, and for an untrusted one: there the clause's refusal, marked
- * pg_kernel_aborts, leaves the node to the proof. A review of a later release checks each
- * such clause again (the kernel may have changed the other way). */
+/* Every trusted kernel is some release's: the pinned prints' (kernels.txt `pinned X.Y.Z`) or
+ * the one a review accepted it for (`OP DIGEST RELEASE`). pg_kernel_since is 1 where op's
+ * kernel is `release`'s or a later one's: for a clause that holds for the newer kernels
+ * only, such as a type the new kernel takes (`if (type == BF16 && pg_kernel_since(op,
+ * PG_RELEASE(0, 25, 3)))`); pg_kernel_before where it is an earlier release's: for what the
+ * older kernels do (ROPE's n_dims = 0 copies the row before the rewrite that hangs). Both
+ * are 0 for an untrusted kernel: there a refusal marked pg_kernel_aborts leaves the node to
+ * the proof, and one that is not stands. A review of a later release checks each such
+ * clause again (the kernel may have changed the other way). */
 int pg_kernel_since(int op, int release);
+int pg_kernel_before(int op, int release);
 
 /* rules that several ops share because their kernels are one template: */
 int pg_rule_binary(const struct ggml_tensor * t, pg_why * why);  /* rules_arith.c: binary-ops.cpp binary_op */

@@ -278,6 +278,11 @@ PYGGML_RT_API int pyggml_kernel_untrusted(int op);
  * one: that release as PG_RELEASE(major, minor, patch) (> 0); 0: not so */
 PYGGML_RT_API int pyggml_kernel_reviewed(int op);
 PYGGML_RT_API int pyggml_kernel_set_untrusted(int op, int flag);
+/* the release op's trusted kernel is from (PG_RELEASE: the review's, else the pinned prints');
+ * 0: untrusted, or unknown */
+PYGGML_RT_API int pyggml_kernel_release(int op);
+/* the release of kernels.txt's pinned prints (PG_RELEASE); 0: unknown */
+PYGGML_RT_API int pyggml_kernels_pinned_release(void);
 /* testing only: mark op's kernel as reviewed for that release (PG_RELEASE; 0: not reviewed);
  * returns the previous release, -1 for no such op */
 PYGGML_RT_API int pyggml_kernel_set_reviewed(int op, int release);

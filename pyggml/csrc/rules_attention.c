@@ -98,15 +98,16 @@ int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
                          "offset + n_dims <= ne0 = %lld, and 0 in VISION mode; got %d with n_dims = %d, mode %d",
                          (long long) ne0, n_offs, n_dims, mode);
     }
-    /* The pinned kernel copies an unrotated row for n_dims = 0. Since upstream rewrote the
-     * tail copy (after 0.20.2), the loop meets i0 == the rotated block's offset at once and
-     * steps back by n_dims - 2 = -2 each time: it never ends. A changed ROPE kernel (kernel
-     * trust), even one a review trusts, is assumed to have that loop; the defect's probe
-     * measures it. */
-    if (n_dims == 0 && mode != PG_ROPE_VISION && ne0 > 0 && !pg_kernel_pinned((int) t->op)) {
+    /* The kernels up to 0.20.2 copy an unrotated row for n_dims = 0. Since upstream rewrote
+     * the tail copy (after 0.20.2), the loop meets i0 == the rotated block's offset at once
+     * and steps back by n_dims - 2 = -2 each time: it never ends. Any other ROPE kernel (a
+     * later release's, even one a review trusts, or an untrusted one) is assumed to have
+     * that loop; the defect's probe measures it. */
+    if (n_dims == 0 && mode != PG_ROPE_VISION && ne0 > 0 && !pg_kernel_before((int) t->op, PG_RELEASE(0, 20, 3))) {
         why->defect = PG_DEFECT_ROPE_NDIMS0_HANG;
-        return pg_refuse(why, "n_dims = 0 with this ggml's changed rope kernel, whose tail copy never ends then "
-                         "(it steps i0 back by n_dims - 2); rotate at least 2 dims, or copy the tensor instead");
+        return pg_refuse(why, "n_dims = 0 with this ggml's rope kernel (not one of 0.20.2 or before), whose tail "
+                         "copy never ends then (it steps i0 back by n_dims - 2); rotate at least 2 dims, or copy "
+                         "the tensor instead");
     }
     if (mode & PG_ROPE_MROPE) {
         for (int i = 0; i < 4; i++) {
