@@ -119,17 +119,25 @@ def broadcast_pairs() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             ((2, 3, 4), (2, 3, 1)), ((3, 6), (3, 2)), ((5,), (1,)), ((2, 2, 3, 5), (1, 2, 1, 5))]
 
 
-def kernel_since(op: str, release: str) -> bool:
-    """op's CPU kernel is one a rule review of ``release`` or a later one trusts
-    (kernel_trust()["reviewed_in"]): its rule's clauses for the newer kernels hold (csrc
-    pg_kernel_since), such as a defect that release fixed, no longer refused."""
+def _release(r: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in r.split("."))
+
+
+def kernel_release(op: str) -> tuple[int, ...] | None:
+    """The release op's trusted CPU kernel is from (a review's, else the pinned prints'), as
+    csrc's kernel_release sees it; None for an untrusted kernel."""
     from pyggml._core import kernel_trust
     trust = kernel_trust()
-    got = trust["reviewed_in"].get(op)
+    got = trust["reviewed_in"].get(op, trust["pinned_release"])
+    return None if op in trust["untrusted"] or got is None else _release(got)
 
-    def number(r: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in r.split("."))
-    return got is not None and op not in trust["untrusted"] and number(got) >= number(release)
+
+def kernel_since(op: str, release: str) -> bool:
+    """op's CPU kernel is ``release``'s or a later one's (csrc pg_kernel_since): its rule's
+    clauses for the newer kernels hold, such as a defect that release fixed, no longer
+    refused."""
+    got = kernel_release(op)
+    return got is not None and got >= _release(release)
 
 
 def bf16_if_taken(op: str, release: str = "0.25.3") -> tuple[Type, ...]:
@@ -140,13 +148,12 @@ def bf16_if_taken(op: str, release: str = "0.25.3") -> tuple[Type, ...]:
 
 def rope_ndims0_defect(op: str = "ROPE") -> str:
     """The defect a rope sample with n_dims = 0 (not VISION) meets in this build:
-    "rope-ndims0-hang" where the op's kernel is not the pinned release's own (kernel_trust():
-    changed, or trusted by a review of ggml 0.25.3's, which hangs there; a prebuilt ggml's
-    is unknown), whose rule then refuses it; "" where the kernel is the pinned one (it
-    copies the row)."""
-    from pyggml._core import kernel_trust
-    trust = kernel_trust()
-    return "rope-ndims0-hang" if op in trust["untrusted"] + trust["reviewed"] else ""
+    "rope-ndims0-hang" where the op's kernel is not known to be one of 0.20.2 or before
+    (kernel_release: untrusted, or a later release's such as 0.25.3's, which hangs there; a
+    prebuilt ggml's is unknown), whose rule then refuses it (csrc pg_kernel_before); ""
+    where it is (it copies the row)."""
+    got = kernel_release(op)
+    return "" if got is not None and got < _release("0.20.3") else "rope-ndims0-hang"
 
 
 # the quantized types the CPU writes F32 rows into (the CPU backend's from_float: cpy, cast,
