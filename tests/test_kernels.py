@@ -201,6 +201,7 @@ def test_a_clause_for_the_newer_kernels_follows_the_review_s_release():
     pinned kernel's abort, elsewhere. Its other clauses hold for the BF16 kernel too."""
     def scale_bf16(ctx, shape=(3, 8)):
         return pyggml.scale(ctx, ctx.from_numpy(np.zeros(shape, np.uint16), type=pyggml.Type.BF16), 2.0)
+    was_untrusted = _core._set_kernel_untrusted(pyggml.Op.SCALE, False)     # (a prebuilt ggml trusts none)
     was = _core._set_kernel_reviewed(pyggml.Op.SCALE, "0.25.3")
     try:
         assert _core.kernel_trust()["reviewed_in"]["SCALE"] == "0.25.3"
@@ -218,6 +219,7 @@ def test_a_clause_for_the_newer_kernels_follows_the_review_s_release():
                 scale_bf16(ctx)
     finally:
         _core._set_kernel_reviewed(pyggml.Op.SCALE, was)
+        _core._set_kernel_untrusted(pyggml.Op.SCALE, was_untrusted)
     if was is None:
         with pyggml.Context(1 << 20) as ctx:
             assert "SCALE" not in _core.kernel_trust()["reviewed_in"]

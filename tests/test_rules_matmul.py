@@ -151,6 +151,7 @@ def test_the_tiled_path_s_refusal_needs_8_rows():
     even under a 0.25.3 review"""
     from pyggml.defects import q8_k_rows
     raw, _ = q8_k_rows(np.zeros((2, 16, 256), np.float32))
+    was_untrusted = pyggml._core._set_kernel_untrusted(pyggml.Op.MUL_MAT, False)   # (a prebuilt ggml trusts none)
     was = pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, "0.25.3")
     try:
         with pyggml.Context(16 << 20) as ctx:
@@ -162,6 +163,7 @@ def test_the_tiled_path_s_refusal_needs_8_rows():
             pyggml.mul_mat(ctx, a, pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], 8 * store.nb[1], 0))  # packed
     finally:
         pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, was)
+        pyggml._core._set_kernel_untrusted(pyggml.Op.MUL_MAT, was_untrusted)
 
 
 # --- the precision API of ggml after 0.20.2 (ggml_prec_set_acc, ggml_prec_set_src) ----------------
