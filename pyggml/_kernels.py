@@ -262,9 +262,45 @@ def gen_header(changed_ops: list[str] | None, tree: str, reviewed_ops: Mapping[s
     return "\n".join(lines) + "\n"
 
 
-HEADER = ("# The CPU kernels pyggml's rules were written against: one sha256 per op, made by\n"
+def rewrite(path: str, got: dict[str, str], release: str) -> None:
+    """Make ``got`` (the prints of a tree of ``release``) the pinned prints of the file at
+    ``path``. The reviews stay, with their comments, except a line whose print is now the
+    pinned one; where the pin moves to another release, the old pinned prints that differ
+    become ``OP DIGEST OLD`` lines: the rules were written against them, and a build of
+    that release trusts them still."""
+    release_number(release)
+    old_release = read_pinned_release(path) if os.path.exists(path) else ""
+    kept: list[str] = []
+    old_pinned: dict[str, str] = {}
+    if os.path.exists(path):
+        seen_pin = False
+        with open(path) as f:
+            for raw in f:
+                words = raw.split("#", 1)[0].split()
+                if len(words) == 2 and words[0] == PINNED_KEY:
+                    seen_pin = True
+                elif len(words) == 2:
+                    old_pinned[words[0]] = words[1]
+                elif len(words) == 3:
+                    if got.get(words[0]) != words[1]:
+                        kept.append(raw)
+                elif seen_pin:         # comments (the header's are rewritten)
+                    kept.append(raw)
+    moved = []
+    if old_release and old_release != release:
+        moved = [f"# The kernels of {old_release}, pinned before {release}: the rules were written against them.\n"]
+        moved += [f"{op} {d} {old_release}\n" for op, d in sorted(old_pinned.items()) if got.get(op) != d]
+    with open(path, "w") as f:
+        f.write(HEADER)
+        f.write(f"{PINNED_KEY} {release}\n")
+        f.writelines(f"{op} {d}\n" for op, d in sorted(got.items()))
+        f.writelines(moved if len(moved) > 1 else [])
+        f.writelines(kept)
+
+
+HEADER = ("# The CPU kernels pyggml's rules hold for: one sha256 per op, made by\n"
           "# pyggml/_kernels.py from ggml's source (see its docstring), of the release the\n"
-          "# `pinned` line names. Rewrite with\n"
+          "# `pinned` line names (vendor/ggml.lock's). Rewrite with\n"
           "#   python pyggml/_kernels.py --tree vendor/ggml --expected pyggml/kernels.txt --write --release X.Y.Z\n"
           "# only after checking each changed op's rule against its new kernel. A line\n"
           "# `OP DIGEST RELEASE` is a kernel of another release whose diff (--diff) a rule review\n"
@@ -302,13 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         if got is None or not args.release:
             ap.error("--write needs --tree and --release")
-        release_number(args.release)
-        others = [f"{op} {d} {r}\n" for op, d, r in _lines(args.expected) if r] if os.path.exists(args.expected) else []
-        with open(args.expected, "w") as f:
-            f.write(HEADER)
-            f.write(f"{PINNED_KEY} {args.release}\n")
-            f.writelines(f"{op} {d}\n" for op, d in sorted(got.items()))
-            f.writelines(others)
+        rewrite(args.expected, got, args.release)
         return 0
     accepted = read_accepted(args.expected)
     diff = None if got is None else changed(accepted, got)

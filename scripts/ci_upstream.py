@@ -340,8 +340,7 @@ def reusable(spec: str, python: Path, step: "Step", env: dict[str, str]) -> str:
     if proc.returncode:
         return f"{python} cannot import pyggml"
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    lock = dict(line.split(" = ", 1) for line in (ROOT / "vendor" / "ggml.lock").read_text().splitlines()
-                if " = " in line and not line.startswith("#"))
+    lock = pinned_lock()
     want = f"pypi:{lock['package']} sha256:{lock['sha256']}"
     if got["editable"]:
         return f"{python}'s pyggml is this checkout's editable install, not a build"
@@ -398,6 +397,12 @@ def empty_row(spec: str, log: Path) -> dict[str, Any]:
             "worst_nmse": None, "known_defects": [], "seconds": 0.0, "log": str(log)}
 
 
+def pinned_lock() -> dict[str, str]:
+    """The keys of vendor/ggml.lock, the default pin."""
+    return dict(line.split(" = ", 1) for line in (ROOT / "vendor" / "ggml.lock").read_text().splitlines()
+                if " = " in line and not line.startswith("#"))
+
+
 def run_upstream_tests(row: dict, kind: str, arg: str, out: Path, py: Path, step: Step, env: dict) -> None:
     """Upstream's own test-backend-ops, built from the spec's ggml tree and run on the
     CPU in its test and grad modes, beside the spec's sweep (scripts/backend_ops.py):
@@ -412,8 +417,11 @@ def run_upstream_tests(row: dict, kind: str, arg: str, out: Path, py: Path, step
         row["upstream_tests"] = {"error": "could not install cmake and ninja"}
         return
     doc = out / "backend-ops.json"
+    # the registry sdist the tree came from: its enclosing project may hold the tests
+    # (the pin's, vendor/ggml.lock, for vendored: llama-cpp-python's llama.cpp/tests/)
+    sdist = arg if kind == "sdist" else pinned_lock()["package"] if kind == "vendored" else None
     cmd = [sys.executable, ROOT / "scripts" / "backend_ops.py", "--tree", tree, "--out", out / "backend-ops",
-           "--json", doc, *(["--sdist", arg] if kind == "sdist" else [])]
+           "--json", doc, *(["--sdist", sdist] if sdist else [])]
     if (out / "parity.json").exists():
         cmd += ["--parity", out / "parity.json"]
     ran = step.run(cmd, env={**env, "PATH": f"{Path(py).parent}{os.pathsep}{env.get('PATH', '')}"}, timeout=3600)

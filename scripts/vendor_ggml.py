@@ -4,12 +4,13 @@
 Three sources:
 
 * default: the sdist named in ``vendor/ggml.lock`` (the registry package
-  ``libggml-python``, whose ``ggml/`` folder is upstream's tagged tree), fetched
-  with the ordinary ``pip download``, checked against the pinned sha256, and
-  the ``ggml/`` folder extracted;
+  ``llama-cpp-python`` 0.3.36, whose ``vendor/llama.cpp/ggml/`` folder is ggml
+  0.25.3), fetched with the ordinary ``pip download``, checked against the pinned
+  sha256, and that folder extracted; a tree populated from an earlier pin is
+  replaced (its stamp names the other sdist);
 * ``--sdist PACKAGE==VERSION``: another registry sdist that carries a ggml tree,
   pinned the same way in ``vendor/sdists/PACKAGE-VERSION.lock`` (for example
-  ``llama-cpp-python==0.3.36``, whose ``vendor/llama.cpp/ggml/`` is ggml 0.25.3);
+  ``libggml-python==0.20.2.post1``, whose ``ggml/`` is the tree of ggml 0.20.2, the pin before);
   ``--pin PACKAGE==VERSION --subdir PATH`` writes such a lock from the registry's
   file (its sha256 and the ggml version of the tree);
 * ``--from PATH``: a local upstream tree (for example a git checkout of master).
@@ -236,13 +237,23 @@ def _check_links(source: Path) -> None:
                     raise VendorError(f"{path} is a link to {os.readlink(path)}, outside {source}")
 
 
+def _stamp(lock: dict[str, str]) -> str:
+    """What a tree populated from ``lock`` says of its source (``.pyggml-source``)."""
+    return f"pypi:{lock['package']} sha256:{lock['sha256']}"
+
+
 def populate(dest: Path, source: Path | None = None, force: bool = False, sdist: str | None = None) -> Path:
     """Populate ``dest`` from ``source`` (a local tree), the sdist pinned for ``sdist``
     (PACKAGE==VERSION) in vendor/sdists/, or the default pin, vendor/ggml.lock."""
     dest = dest.resolve()
+    lock = None if source is not None else read_sdist_lock(sdist) if sdist else read_lock()
     if is_ggml_tree(dest) and not force:
-        print(f"vendor_ggml: {dest} already populated", flush=True)
-        return dest
+        had = (dest / STAMP).read_text().strip() if (dest / STAMP).is_file() else ""
+        if lock is None or not had.startswith("pypi:") or had == _stamp(lock):
+            print(f"vendor_ggml: {dest} already populated", flush=True)
+            return dest
+        # a registry tree of another pin (the lock moved since): never build a stale tree
+        print(f"vendor_ggml: {dest} holds {had}, the pin is {_stamp(lock)}: replacing it", flush=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".ggml-", dir=dest.parent))
     try:
@@ -256,9 +267,9 @@ def populate(dest: Path, source: Path | None = None, force: bool = False, sdist:
                             ignore=shutil.ignore_patterns(".git", "build*"))
             stamp = f"src:{source}\n"
         else:
-            lock = read_sdist_lock(sdist) if sdist else read_lock()
+            assert lock is not None
             _extract_subdir(fetch_sdist(lock), lock["subdir"], tmp)
-            stamp = f"pypi:{lock['package']} sha256:{lock['sha256']}\n"
+            stamp = _stamp(lock) + "\n"
         if not is_ggml_tree(tmp):
             raise VendorError("populated tree has no CMakeLists.txt + include/ggml.h")
         (tmp / STAMP).write_text(stamp)

@@ -10,7 +10,7 @@ import pytest
 import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import kernel_verdict, read, rules_disabled
-from pyggml.opinfo._common import kernel_since
+from pyggml.opinfo._common import kernel_before, kernel_since  # noqa: F401 (for the rule tests)
 
 SCRATCH = 64 << 20          # one context size for every rule test's builds
 
@@ -85,14 +85,6 @@ def untrusted(op):
     return op in pyggml._core.kernel_trust()["untrusted"]
 
 
-def pinned(op):
-    """op's CPU kernel in the linked ggml is the pinned release's own (not a changed one,
-    nor one a rule review of another release trusted): what a test of the old kernel's
-    own behaviour (its abort, its overrun) needs"""
-    trust = pyggml._core.kernel_trust()
-    return op not in trust["untrusted"] and op not in trust["reviewed"]
-
-
 def refused_where_kernel_aborts(build, cls, match, op, since=None):
     """Both sides of a refusal clause that stands for the kernel's own abort (csrc
     pg_kernel_aborts). Where ``op``'s kernel is the one the rule was written against,
@@ -114,8 +106,8 @@ def refused_where_kernel_aborts(build, cls, match, op, since=None):
             return read(t)
     if not untrusted(op):
         refused_at_call(build, cls, match)
-        if pinned(op):
-            assert kernel_verdict(build) == "abort"
+        # a trusted kernel the clause applies to aborts: else the refusal is a false one
+        assert kernel_verdict(build) == "abort"
         return None
     with pyggml.Context(SCRATCH) as ctx:
         t = build(ctx)

@@ -22,3 +22,21 @@ def load_source(relpath: str, name: str):
 def load_script(name: str, as_name: str | None = None):
     """scripts/NAME.py"""
     return load_source(f"scripts/{name}.py", as_name or name)
+
+
+def read_lock(relpath: str = "vendor/ggml.lock") -> dict[str, str]:
+    """The keys of a ggml pin (vendor/ggml.lock, or a lock in vendor/sdists/)."""
+    return dict(line.split(" = ", 1) for line in (ROOT / relpath).read_text().splitlines()
+                if " = " in line and not line.startswith("#"))
+
+
+def lock_source(relpath: str = "vendor/ggml.lock") -> str:
+    """What build_info()["ggml_source"] says of a build of that pin's tree."""
+    lock = read_lock(relpath)
+    return f"pypi:{lock['package']} sha256:{lock['sha256']}"
+
+
+def built_from_the_pin() -> bool:
+    """The linked ggml is the default pin's tree (vendor/ggml.lock), unpatched."""
+    import pyggml
+    return pyggml.build_info()["ggml_source"] == lock_source()

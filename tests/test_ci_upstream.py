@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sources import load_script
+from sources import load_script, lock_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -267,10 +267,7 @@ def _check_answers(monkeypatch, answer):
     monkeypatch.setattr(ci.Step, "run", run)
 
 
-def _lock_source():
-    lock = dict(line.split(" = ", 1) for line in (ROOT / "vendor" / "ggml.lock").read_text().splitlines()
-                if " = " in line and not line.startswith("#"))
-    return f"pypi:{lock['package']} sha256:{lock['sha256']}"
+_lock_source = lock_source
 
 
 GOOD = {"info": {"ggml_source": _lock_source(), "native": True}, "backends": ["CPU"], "stale": [], "editable": False}
@@ -493,6 +490,25 @@ def test_a_prebuilt_ggml_has_no_tree_for_upstreams_tests(tmp_path):
                           ci.Step(tmp_path / "log"), ci.clean_env())
     assert row["upstream_tests"] == {"skipped": "no ggml source tree for a pypi spec"}
     assert "not run: no ggml source tree for a pypi spec" in ci.upstream_tests_report([{"spec": "p", **row}])
+
+
+def test_the_vendored_tree_s_upstream_tests_come_from_the_pin_s_sdist(tmp_path, monkeypatch):
+    # vendor/ggml is the ggml folder of llama-cpp-python's sdist: test-backend-ops.cpp lies in
+    # the enclosing llama.cpp/tests/ of that sdist, so backend_ops.py is told which one
+    calls = []
+
+    class FakeStep:
+        def run(self, cmd, **kw):
+            calls.append([str(c) for c in cmd])
+            return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+    if not (ROOT / "vendor" / "ggml" / "CMakeLists.txt").is_file():
+        pytest.skip("vendor/ggml is not populated")
+    row = {}
+    ci.run_upstream_tests(row, "vendored", "", tmp_path, Path(sys.executable), FakeStep(), ci.clean_env())
+    cmd = calls[-1]
+    assert cmd[1].endswith("backend_ops.py") and cmd[cmd.index("--tree") + 1] == str(ROOT / "vendor" / "ggml")
+    assert cmd[cmd.index("--sdist") + 1] == ci.pinned_lock()["package"] == "llama-cpp-python==0.3.36"
 
 
 # --- bisect in a worktree ----------------------------------------------------------------

@@ -167,14 +167,12 @@ def test_version_and_build_info():
 
 
 def test_vendored_build_reports_the_pinned_version():
-    from pathlib import Path
+    from sources import lock_source, read_lock
     info = pyggml.build_info()
     if not info["ggml_source"].startswith("pypi:"):
         pytest.skip("built from another ggml source")
-    lock = dict(line.split(" = ", 1) for line in
-                (Path(__file__).parent.parent / "vendor" / "ggml.lock").read_text().splitlines()
-                if " = " in line and not line.startswith("#"))
-    assert info["ggml_source"] == f"pypi:{lock['package']} sha256:{lock['sha256']}"
+    lock = read_lock()
+    assert info["ggml_source"] == lock_source()
     assert pyggml.ggml_version() == lock["version"]
     # a release sdist carries no git commit (and pyggml must not report its own)
     assert info["ggml_commit"] == "unknown"

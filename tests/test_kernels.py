@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sources import load_script, load_source
+from sources import built_from_the_pin, load_script, load_source, read_lock
 
 import pyggml
 from pyggml import _core
+from pyggml.opinfo._common import kernel_before, kernel_since
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "vendor" / "ggml" / "src" / "ggml-cpu"
@@ -34,7 +35,7 @@ def cpu_copy(tmp_path):
 
 @needs_tree
 def test_the_pinned_prints_are_the_vendored_tree_s():
-    if not pyggml.build_info()["ggml_source"].startswith("pypi:libggml-python==0.20.2"):
+    if not built_from_the_pin():
         pytest.skip("the rules' prints are of the pinned release")
     want = kern.read_prints(str(ROOT / "pyggml" / "kernels.txt"))
     got = kern.fingerprints(str(CPU))
@@ -134,6 +135,29 @@ def test_rewriting_the_pinned_prints_keeps_the_reviewed_ones(tmp_path, cpu_copy)
     assert kern.read_prints(str(prints)) == kern.fingerprints(str(tree / "src" / "ggml-cpu"))
 
 
+def test_moving_the_pin_keeps_the_old_release_s_kernels_as_its_own(tmp_path, cpu_copy):
+    """--write for another release: the old pinned prints that differ become lines of the
+    old release (a build of it trusts them still), a review now pinned is dropped (it is
+    the pin's print), other reviews and the comments stay."""
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    cpu_copy.rename(tree / "src" / "ggml-cpu")
+    got = kern.fingerprints(str(tree / "src" / "ggml-cpu"))
+    prints = tmp_path / "kernels.txt"
+    prints.write_text(f"pinned 0.20.2\nADD {got['ADD']}\nROPE 11\nGLU 22\n# ROPE reviewed: fine\n"
+                      f"ROPE {got['ROPE']} 0.25.3\nGLU 33 0.24.0\n")
+    assert kern.main(["--tree", str(tree), "--expected", str(prints), "--write", "--release", "0.25.3"]) == 0
+    assert kern.read_pinned_release(str(prints)) == "0.25.3" and kern.read_prints(str(prints)) == got
+    tail = prints.read_text().split(f"{sorted(got)[-1]} {got[sorted(got)[-1]]}\n", 1)[1]
+    assert tail == ("# The kernels of 0.20.2, pinned before 0.25.3: the rules were written against them.\n"
+                    "GLU 22 0.20.2\nROPE 11 0.20.2\n# ROPE reviewed: fine\nGLU 33 0.24.0\n")
+    assert kern.review_releases(str(prints))[("ROPE", "11")] == "0.20.2"
+    # writing the same release again changes nothing
+    before = prints.read_text()
+    assert kern.main(["--tree", str(tree), "--expected", str(prints), "--write", "--release", "0.25.3"]) == 0
+    assert prints.read_text() == before
+
+
 def test_the_diff_a_review_reads_shows_the_changed_statements(cpu_copy, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(cpu_copy, old)
@@ -198,7 +222,7 @@ def test_the_header_gives_each_reviewed_kernel_its_release(tmp_path):
 def test_a_clause_for_the_newer_kernels_follows_the_review_s_release():
     """pg_kernel_since: SCALE's rule takes BF16 where SCALE's kernel is one a review of
     0.25.3 or later accepted (that release added the BF16 kernel), and refuses it, as the
-    pinned kernel's abort, elsewhere. Its other clauses hold for the BF16 kernel too."""
+    older kernels' abort, elsewhere. Its other clauses hold for the BF16 kernel too."""
     def scale_bf16(ctx, shape=(3, 8)):
         return pyggml.scale(ctx, ctx.from_numpy(np.zeros(shape, np.uint16), type=pyggml.Type.BF16), 2.0)
     was_untrusted = _core._set_kernel_untrusted(pyggml.Op.SCALE, False)     # (a prebuilt ggml trusts none)
@@ -223,7 +247,9 @@ def test_a_clause_for_the_newer_kernels_follows_the_review_s_release():
     if was is None:
         with pyggml.Context(1 << 20) as ctx:
             assert "SCALE" not in _core.kernel_trust()["reviewed_in"]
-            if "SCALE" not in _core.kernel_trust()["untrusted"]:
+            if kernel_since("SCALE", "0.25.3"):         # the pinned kernel is 0.25.3's or later
+                scale_bf16(ctx)
+            elif "SCALE" not in _core.kernel_trust()["untrusted"]:
                 with pytest.raises(pyggml.GGMLTypeError, match="SCALE node refused"):
                     scale_bf16(ctx)
     with pytest.raises(pyggml.ArgumentError, match="like 0.25.3"):
@@ -248,8 +274,15 @@ def test_this_build_reports_its_kernel_trust():
     if src.startswith("system:"):       # no kernel source: unknown, so no kernel trusted
         assert trust["known"] is False
         assert len(trust["untrusted"]) == len(pyggml.Op) and "MUL_MAT" in trust["untrusted"]
-    elif src.startswith("pypi:libggml-python==0.20.2"):
-        assert trust == {"known": True, "untrusted": [], "reviewed": [], "reviewed_in": {}, "pinned_release": "0.20.2"}
+    elif built_from_the_pin():
+        assert trust == {"known": True, "untrusted": [], "reviewed": [], "reviewed_in": {},
+                         "pinned_release": read_lock()["version"]}
+    elif "pypi:libggml-python==0.20.2.post1 " in src and "patched by" not in src:
+        # the pin before: its kernels that differ from the pinned ones are its own lines
+        olds = {op for op, _, release in kern._lines(str(ROOT / "pyggml" / "kernels.txt")) if release == "0.20.2"}
+        assert len(olds) == 15 and {"ROPE", "MUL_MAT", "GLU"} <= olds
+        assert trust == {"known": True, "untrusted": [], "reviewed": sorted(olds),
+                         "reviewed_in": {op: "0.20.2" for op in olds}, "pinned_release": "0.25.3"}
 
 
 def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
@@ -290,22 +323,22 @@ def _restore(was):
 
 
 def test_a_refusal_that_stands_for_an_abort_goes_to_the_proof_where_the_kernel_changed():
-    """pg_kernel_aborts: GLU's refusal of BF16 stands for its pinned kernel's GGML_ABORT.
-    Where GLU's kernel changed, the node builds (unchecked) and the graph's proof decides;
-    on the pinned kernel the proof sees the abort, and the compute raises it with ggml's
+    """pg_kernel_aborts: SWIGLU_OAI's refusal of F16 stands for its kernel's GGML_ABORT
+    (F32 only, in every release measured). Where GLU's kernel changed, the node builds
+    (unchecked) and the graph's proof decides; on a kernel that aborts the proof sees it, and the compute raises it with ggml's
     own message, the process alive. A refusal of silent harm (LEAKY_RELU's rows read out
     of bounds) and a known defect's refusal (SET one element past its destination) stand
     whatever the kernel."""
-    pinned_glu = "GLU" not in _core.kernel_trust()["untrusted"] + _core.kernel_trust()["reviewed"]
+    trusted_glu = "GLU" not in _core.kernel_trust()["untrusted"]
     was = _set_untrusted(["GLU", "LEAKY_RELU", "SET"])
     try:
         with pyggml.Context(1 << 20) as ctx:
-            a = ctx.from_numpy(np.zeros((3, 8), np.uint16), type=pyggml.Type.BF16)
-            t = pyggml.swiglu(ctx, a)                   # not refused at the call
+            a = ctx.from_numpy(np.zeros((3, 8), np.float16))
+            t = pyggml.swiglu_oai(ctx, a, None, 1.702, 7.0)     # not refused at the call
             g = pyggml.Graph(ctx, 8)
             g.build_forward_expand(t)
             assert g.unchecked_ops == 1
-            if pinned_glu:
+            if trusted_glu:
                 with pytest.raises(pyggml.GGMLAbort, match="fatal error") as e:
                     g.compute(1)
                 assert not isinstance(e.value, pyggml.UpstreamDefect)
@@ -319,10 +352,10 @@ def test_a_refusal_that_stands_for_an_abort_goes_to_the_proof_where_the_kernel_c
     finally:
         _restore(was)
     with pyggml.Context(1 << 20) as ctx:       # and the kernel trusted again: refused at the call
-        a = ctx.from_numpy(np.zeros((3, 8), np.uint16), type=pyggml.Type.BF16)
-        if pinned_glu:
-            with pytest.raises(pyggml.GGMLTypeError, match="takes F32 or F16"):
-                pyggml.swiglu(ctx, a)
+        a = ctx.from_numpy(np.zeros((3, 8), np.float16))
+        if trusted_glu:
+            with pytest.raises(pyggml.GGMLTypeError, match="takes F32 only"):
+                pyggml.swiglu_oai(ctx, a, None, 1.702, 7.0)
 
 
 def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, capsys):
@@ -420,19 +453,23 @@ def test_the_proof_time_limit_comes_from_the_environment_at_import(value, want):
 
 
 def test_rope_with_no_rotated_dims_is_refused_where_the_kernel_changed():
-    """rope-ndims0-hang: the pinned kernel copies the row for n_dims = 0 (allowed); a changed
-    ROPE kernel (upstream's rewritten tail copy) never returns there: refused."""
+    """rope-ndims0-hang: 0.20.2's kernel (and older ones) copies the row for n_dims = 0
+    (allowed); a later ROPE kernel (upstream's rewritten tail copy) never returns there, nor
+    may an unknown one: refused."""
     from pyggml import defects
     x = np.arange(8, dtype=np.float32).reshape(1, 1, 8)
     with pyggml.Context(1 << 20) as ctx:
         a, pos = ctx.from_numpy(x), ctx.from_numpy(np.zeros(1, np.int32))
-        if "ROPE" not in _core.kernel_trust()["untrusted"] + _core.kernel_trust()["reviewed"]:
+        if kernel_before("ROPE", "0.20.3"):
             r = pyggml.rope(ctx, a, pos, 0, 0)
             g = pyggml.Graph(ctx, 8)
             g.build_forward_expand(r)
             g.compute(1)
             np.testing.assert_array_equal(r.numpy().reshape(x.shape), x)      # nothing rotated: a copy
             assert defects.get("rope-ndims0-hang").run_probe() == "ok"
+        elif "ROPE" not in _core.kernel_trust()["untrusted"]:         # a later release's, trusted
+            with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0 with this ggml's rope kernel"):
+                pyggml.rope(ctx, a, pos, 0, 0)
         was = _core._set_kernel_untrusted(pyggml.Op.ROPE, True)
         try:
             with pytest.raises(pyggml.UpstreamDefect, match="n_dims = 0 with this ggml's rope kernel") as e:

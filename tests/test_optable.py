@@ -14,6 +14,7 @@ import pytest
 
 import pyggml
 from pyggml import _optable
+from sources import built_from_the_pin
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = ROOT / "pyggml" / "_gen_ops.py"
@@ -46,21 +47,30 @@ def edit_row(text, name, old, new):
 
 # --- the table as this build sees it ------------------------------------------------
 
-def test_every_row_is_bound_in_the_pinned_build():
-    if not pyggml.build_info()["ggml_source"].startswith("pypi:libggml-python==0.20.2"):
-        pytest.skip("another ggml: rows it lacks raise GGMLVersionError")
+@pytest.mark.parametrize("release, rows, newer", [
+    ("0.25.3", 227, {}),
+    ("0.20.2", 224, {name: f"this ggml has no ggml_{name} (pyggml's table: since 0.25.3)"
+                     for name in ("swiglu_clamp", "clamp_inplace", "dsv4_hc_pre_gated")}),
+])
+def test_every_row_is_bound_in_the_pinned_build(release, rows, newer):
+    # the pin binds every row (strict: a drifted row fails its build); 0.20.2, the pin
+    # before, every row but those of newer releases, which name the release they need
+    src = pyggml.build_info()["ggml_source"]
+    if pyggml.ggml_version() != release or not (built_from_the_pin() or "pypi:libggml-python==0.20.2.post1 " in src):
+        pytest.skip(f"not a build of {release}'s registry tree")
     bound = [r for r in _optable.OPS if "unbound" not in r["flags"]]
-    pinned = [r for r in bound if tuple(map(int, r["since"].split("."))) <= (0, 20, 2)]
-    assert len(pinned) == 224 and all(r["available"] for r in pinned)      # with flash_attn_back (impl=pyggml)
-    newer = {r["name"]: r["reason"] for r in bound if r not in pinned}     # rows of newer releases
-    assert newer == {"swiglu_clamp": "this ggml has no ggml_swiglu_clamp (pyggml's table: since 0.25.3)"}
+    have = [r for r in bound if tuple(map(int, r["since"].split("."))) <= tuple(map(int, release.split(".")))]
+    assert len(have) == rows and all(r["available"] for r in have)      # with flash_attn_back (impl=pyggml)
+    assert {r["name"]: r["reason"] for r in bound if r not in have} == newer
     assert _optable.HEADER_ONLY == []
 
 
 def test_graph_builders_count_and_coverage():
     rows = {r["name"] for r in _optable.OPS}
     custom = {r["name"] for r in _optable.OPS if "unbound" in r["flags"]}
-    assert len(rows) - len(custom) == 225          # the graph builders of ggml.h (v0.20.2), and swiglu_clamp (0.25.3)
+    # the graph builders of ggml.h: 224 in 0.20.2 (flash_attn_back's pyggml's own), and 0.25.3's
+    # swiglu_clamp, clamp_inplace and dsv4_hc_pre_gated
+    assert len(rows) - len(custom) == 227
     assert custom == {"map_custom1", "map_custom1_inplace", "map_custom2", "map_custom2_inplace",
                       "map_custom3", "map_custom3_inplace", "custom_4d", "custom_inplace"}
     cov = pyggml.coverage.builder_coverage()
@@ -99,7 +109,7 @@ def test_op_coverage_lists_every_op_of_the_linked_ggml_once():
     # what only custom callbacks make, and leaves, are the only ops pyggml does not wrap
     assert set(cov["not_wrapped"]) <= {"GGML_OP_NONE", "GGML_OP_MAP_CUSTOM1", "GGML_OP_MAP_CUSTOM2",
                                        "GGML_OP_MAP_CUSTOM3", "GGML_OP_CUSTOM"} or \
-        not pyggml.build_info()["ggml_source"].startswith("pypi:libggml-python==0.20.2")
+        not built_from_the_pin()
     assert "GGML_UNARY_OP_RELU" in cov["wrapped"] and "GGML_GLU_OP_SWIGLU" in cov["wrapped"]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import pyggml
 from pyggml import Type
+from pyggml.opinfo._common import kernel_before
 from pyggml.opinfo.harness import rules_disabled
 from sizes import FORKS_WHILE_THREADS_ALLOCATE, LONG_N, long_depth
 
@@ -267,15 +268,14 @@ def _rope(ctx, ne0, n_dims):
     return pyggml.rope_ext(ctx, a, pos, None, n_dims, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
 
 
-# The out-of-bounds accesses below are the pinned ROPE kernel's. A changed one (ggml 0.25.3's
-# rewritten tail copy) never returns on n_dims = -2, as on 0.
-_TRUST = pyggml._core.kernel_trust()
-PINNED_ROPE = pytest.mark.skipif("ROPE" in _TRUST["untrusted"] + _TRUST["reviewed"],
-                                 reason="the linked ggml's ROPE kernel is not the pinned one whose overruns these "
+# The out-of-bounds accesses below are 0.20.2's ROPE kernel's (and its predecessors'). A later
+# one (ggml 0.25.3's rewritten tail copy) never returns on n_dims = -2, as on 0.
+ROPE_OF_0_20 = pytest.mark.skipif(not kernel_before("ROPE", "0.20.3"),
+                                 reason="the linked ggml's ROPE kernel is not 0.20.2's, whose overruns these "
                                         "tests provoke (0.25.3's spins on n_dims = -2: rope-ndims0-hang)")
 
 
-@PINNED_ROPE
+@ROPE_OF_0_20
 @pytest.mark.parametrize("ne0, n_dims, where", [
     (8, -2, r'wrote 8 bytes before the start of node "node_1" \(ROPE'),   # the tail copy from n_dims = -2
     (5, 4, r'read memory past the end of leaf "leaf_0" .*access: byte 0 past it'),  # odd ne0: an element past each row
@@ -293,7 +293,7 @@ def test_the_guarded_proof_sees_a_kernel_write_outside_its_tensor(ne0, n_dims, w
         assert e.value.defect == "kernel-out-of-bounds"
 
 
-@PINNED_ROPE
+@ROPE_OF_0_20
 def test_past_its_guard_page_budget_the_proof_still_sees_writes_outside_a_tensor(monkeypatch):
     """Each guard-paged tensor costs three of the process's memory mappings (65,530 by
     default): past a budget the proof gives tensors canary bytes only. A write outside

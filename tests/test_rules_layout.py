@@ -23,8 +23,8 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo.harness import grad_check, kernel_verdict, rules_disabled
 from pyggml.opinfo import Arg, Sample, registry
-from pyggml.opinfo._common import kernel_since
-from rules_helpers import compute, compute_unchecked, pinned, refused
+from pyggml.opinfo._common import kernel_before, kernel_since
+from rules_helpers import compute, compute_unchecked, refused
 
 
 @pytest.fixture
@@ -70,11 +70,11 @@ def test_concat_quantized_needs_contiguous_rows():
 
 def test_concat_quantized_needs_whole_blocks():
     # a Q8_0 row of 1.5 blocks is no tensor ggml can size (ggml_row_size asserts whole
-    # blocks in debug builds): the view is refused whatever the kernels. The pinned CONCAT
-    # kernel aborts on it; where CONCAT's kernel changed (ggml 0.25.3 runs it) that says
-    # nothing about the refusal, which is the view's
+    # blocks in debug builds): the view is refused whatever the kernels. 0.20.2's CONCAT
+    # kernel aborts on it; that 0.25.3's runs it says nothing about the refusal, which is
+    # the view's
     refused(_concat_q_partial_blocks, pyggml.KernelPreconditionError, "view or reshape needs rows of whole blocks of 32")
-    if pinned("CONCAT"):
+    if kernel_before("CONCAT", "0.25.3"):
         assert kernel_verdict(_concat_q_partial_blocks) == "abort"
 
 
@@ -95,7 +95,7 @@ def test_concat_of_i64_with_strided_rows_is_refused_where_the_kernel_copies_rows
         refused(_concat_i64_transposed, pyggml.KernelPreconditionError, "i64 sources must have contiguous rows")
         assert kernel_verdict(_concat_i64_transposed) == "abort"
         return
-    if pinned("CONCAT"):
+    if kernel_before("CONCAT", "0.25.3"):
         with pyggml.Context(1 << 20) as ctx:
             np.testing.assert_array_equal(compute(ctx, _concat_i64_transposed(ctx)), WANT_I64)
         was = pyggml._core._set_kernel_reviewed(pyggml.Op.CONCAT, "0.25.3")     # the rule for 0.25.3's kernel

@@ -42,8 +42,13 @@ GOOD = {"pkg-1.0/ggml/CMakeLists.txt": "project(ggml)\n", "pkg-1.0/ggml/include/
 
 def test_the_pinned_lock_is_well_formed():
     lock = vendor.read_lock()
-    assert lock["package"] == f"libggml-python=={lock['version']}.post1"
-    assert len(lock["sha256"]) == 64 and lock["subdir"] == "ggml"
+    # ggml 0.25.3 as llama.cpp vendors it in the llama-cpp-python sdist (pinned in vendor/sdists/ too)
+    assert lock["package"] == "llama-cpp-python==0.3.36" and lock["version"] == "0.25.3"
+    assert len(lock["sha256"]) == 64 and lock["subdir"] == "vendor/llama.cpp/ggml"
+    assert {k: v for k, v in vendor.read_sdist_lock(lock["package"]).items()} == lock
+    # the pin before it stays buildable from the registry, by hash
+    old = vendor.read_sdist_lock("libggml-python==0.20.2.post1")
+    assert old["version"] == "0.20.2" and old["subdir"] == "ggml" and len(old["sha256"]) == 64
 
 
 @pytest.fixture
@@ -71,6 +76,21 @@ def test_populate_from_the_cached_sdist(tmp_path, cached_sdist):
     assert (dest / "marker").exists()
     vendor.populate(dest, force=True)
     assert not (dest / "marker").exists()
+
+
+def test_a_tree_of_an_earlier_pin_is_replaced(tmp_path, cached_sdist):
+    # the lock moved (0.20.2 -> 0.25.3): a checkout's vendor/ggml of the old pin is never built
+    dest = tmp_path / "vendor" / "ggml"
+    vendor.populate(dest)
+    (dest / vendor.STAMP).write_text("pypi:pkg==0.9 sha256:00\n")
+    (dest / "marker").write_text("x")
+    vendor.populate(dest)
+    assert not (dest / "marker").exists()
+    assert (dest / vendor.STAMP).read_text() == f"pypi:pkg==1.0 sha256:{cached_sdist[1]}\n"
+    # a tree a developer copied there (--from) is theirs: left alone
+    (dest / vendor.STAMP).write_text("src:/somewhere/ggml\n")
+    vendor.populate(dest)
+    assert (dest / vendor.STAMP).read_text() == "src:/somewhere/ggml\n"
 
 
 def test_a_tampered_cache_is_not_used(tmp_path, cached_sdist, monkeypatch):

@@ -140,6 +140,13 @@ def kernel_since(op: str, release: str) -> bool:
     return got is not None and got >= _release(release)
 
 
+def kernel_before(op: str, release: str) -> bool:
+    """op's CPU kernel is trusted and of a release before ``release`` (csrc
+    pg_kernel_before): what an older kernel's own behaviour (its abort, its overrun) needs"""
+    got = kernel_release(op)
+    return got is not None and got < _release(release)
+
+
 def bf16_if_taken(op: str, release: str = "0.25.3") -> tuple[Type, ...]:
     """(BF16,) where op's reviewed kernel takes BF16 from ``release`` on (kernel_since), so
     that an OpInfo's types list every type its rule lets through: () elsewhere"""

@@ -186,6 +186,8 @@ OPINFOS = [
            samples=_scale_bias_samples, types=SCALE_TYPES),
     OpInfo("clamp", ref=lambda a, lo, hi: np.clip(a, np.float32(lo), np.float32(hi)), samples=_clamp_samples,
            types=(Type.F32, Type.F16)),
+    OpInfo("clamp_inplace", ref=lambda a, lo, hi: np.clip(a, np.float32(lo), np.float32(hi)), samples=_clamp_samples,
+           types=(Type.F32, Type.F16), note="ggml 0.25.3 on (clamp itself computed in place before)"),
     OpInfo("fill", ref=lambda a, c: np.full_like(a, np.float32(c)), samples=_fill_samples,
            types=(Type.F32, Type.F16)),
     OpInfo("fill_inplace", ref=lambda a, c: np.full_like(a, np.float32(c)), samples=_fill_samples,

@@ -353,6 +353,21 @@ def _hc_pre_samples(rng, t):
                          f"T={T} hc={hc} n_embd={n} x {layout}")
 
 
+def _ref_hc_pre_gated(x, gate, scale):
+    """x, gate (n_tokens, hc, n_embd) -> (n_tokens, n_embd): scale * sum_h x sigmoid(gate)."""
+    x3 = x.reshape((1,) * (3 - x.ndim) + x.shape)
+    g3 = gate.reshape(x3.shape)
+    return float(np.float32(scale)) * np.sum(x3 / (1.0 + np.exp(-g3)), axis=1)
+
+
+def _hc_pre_gated_samples(rng, t):
+    for T, hc, n in ((3, 4, 5), (1, 1, 1), (2, 3, 7)):
+        for layout, scale in (("contiguous", 1.0), ("permuted", 0.5), ("strided", -2.25)):
+            yield Sample((Arg(normal(rng, (T, hc, n)), t, layout, (1, 0, 2, 3)),
+                          Arg(normal(rng, (T, hc, n), 3.0), t, "strided" if layout == "permuted" else "contiguous"),
+                          scale), f"T={T} hc={hc} n_embd={n} x {layout}, scale {scale}")
+
+
 def _ref_hc_post(x, residual, post, comb):
     """x (n_tokens, n_embd), residual (n_tokens, hc, n_embd), post (n_tokens, hc), comb
     (n_tokens, src, dst) -> (n_tokens, dst, n_embd): x post[dst] + sum_src residual[src]
@@ -390,5 +405,7 @@ OPINFOS = [
                 "every k type is held to F32's bound"),
     OpInfo("dsv4_hc_comb", ref=_ref_hc_comb, samples=_hc_comb_samples),
     OpInfo("dsv4_hc_pre", ref=_ref_hc_pre, samples=_hc_pre_samples),
+    OpInfo("dsv4_hc_pre_gated", ref=_ref_hc_pre_gated, samples=_hc_pre_gated_samples,
+           note="ggml 0.25.3 on: the per-element gate of DSV4_HC_PRE"),
     OpInfo("dsv4_hc_post", ref=_ref_hc_post, samples=_hc_post_samples),
 ]
