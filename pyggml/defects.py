@@ -100,7 +100,7 @@ def _probe_rope_ndims0():
 
     import pyggml
 
-    # a row of 8 rotated by 0 dims: the pinned kernel copies it, a changed one spins
+    # a row of 8 rotated by 0 dims: 0.20.2's kernel copies it, 0.25.3's spins
     return _verdict(lambda ctx: pyggml.rope(ctx, ctx.from_numpy(np.ones((1, 1, 8), np.float32)),
                                             ctx.from_numpy(np.zeros(1, np.int32)), 0, 0), timeout=5.0)
 
@@ -121,7 +121,7 @@ def _probe_add_q_no_from_float():
 
     import pyggml
 
-    # add1 of a zeroed IQ2_XXS row and 1: the pinned kernel calls the NULL from_float (a
+    # add1 of a zeroed IQ2_XXS row and 1: the kernel (0.20.2's, 0.25.3's) calls the NULL from_float (a
     # SIGSEGV in the child, "abort"); a kernel that checks it aborts or refuses ("abort"
     # too); one that writes the row through a fallback computes it ("ok")
     def build(ctx):
@@ -151,7 +151,7 @@ def _probe_conv_transpose_2d_batch():
     import pyggml
     from pyggml.opinfo.harness import read, rules_disabled
 
-    # two equal batches, rules off: the pinned kernel computes the first and leaves the
+    # two equal batches, rules off: 0.20.2's kernel computes the first and leaves the
     # second zero; a fixed one computes both alike. An F16 kernel: older releases (0.9.4)
     # take no other
     with rules_disabled(), pyggml.Context(1 << 20) as ctx:
@@ -263,8 +263,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp, the rope kernel's copy of the unrotated channels, as rewritten after 0.20.2: at "
               "i0 == the rotated block's offset it adds n_dims - 2 (= -2) and continues, so i0 cycles 0, -2, 0 "
               "forever; the builder accepts n_dims = 0 (0 is even and <= ne0)",
-        action="refused with UpstreamDefect where the ROPE kernel is not the pinned one (kernel trust); the pinned "
-               "0.20.2 kernel copies the row and is allowed",
+        action="refused with UpstreamDefect unless the ROPE kernel is known to be one of 0.20.2 or before "
+               "(kernel trust, pg_kernel_before), whose copy of the row is allowed",
         seen_in=("0.25.3",),
         probe=_probe_rope_ndims0,
         probe_unit="kernel verdict, rules off, of rope(x[8], pos, n_dims=0, mode 0) with a 5 s limit "

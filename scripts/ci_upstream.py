@@ -83,7 +83,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # every release of the registry package with a prebuilt wheel for this platform
 # (0.1.0 and 0.2.0 have none); 0.x.y.post1 repackage the same ggml
 RELEASES = ["0.3.5", "0.9.4", "0.9.5", "0.9.7", "0.9.8", "0.9.11", "0.13.1", "0.15.3", "0.16.0", "0.17.0"]
-DEFAULT_SPECS = (["vendored", "patched:vendored", "vendored@avx2", "vendored@avx", "vendored@generic"] +
+DEFAULT_SPECS = (["vendored", "patched:vendored", "sdist:libggml-python==0.20.2.post1",
+                  "vendored@avx2", "vendored@avx", "vendored@generic"] +
                  [f"pypi:libggml-python=={v}" for v in reversed(RELEASES)])
 
 # ggml's own CMake options per instruction set (ggml/CMakeLists.txt, x86)

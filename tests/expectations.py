@@ -2,7 +2,7 @@
 
 Each entry is a finding about that release, measured there (``python
 scripts/ci_upstream.py --ggml SPEC``, the spec's log): a test of a kernel rule written
-against the pinned ggml 0.20.2 whose kernel has changed since. conftest.py marks the
+against another release's kernel (the pinned ggml 0.25.3's, or 0.20.2's, the pin before). conftest.py marks the
 tests an entry names ``xfail(strict=True)`` when that release is linked, so the suite's
 verdict there reads "nothing else changed": a new failure fails the run, and so does an
 entry that stops failing (a rule reviewed, a kernel changed back), as XPASS(strict),
@@ -20,7 +20,8 @@ where the kernel changed, the forked proof decides instead, and the tests check 
 values the new kernel computes against float64. The 16th was not a refusal at fault:
 CONCAT of a Q8_0 view of 1.5 blocks per row is refused at the view (no tensor ggml can
 size), and only the test's check of the old kernel's abort failed; it now checks that
-where CONCAT's kernel is the pinned one. Nothing is left to expect on 0.25.3.
+where CONCAT's kernel is 0.20.2's. Nothing is left to expect on 0.25.3, which is the pin
+since 2026-12-03 (0.20.2 runs as ``sdist:libggml-python==0.20.2.post1``).
 """
 
 # {ggml version: {test node id (with or without its parameters): why it fails there}}

@@ -30,7 +30,7 @@ def _bf16_values(ctx, shape, seed):
 @pytest.mark.parametrize("op", [o for o in GLU_F32_F16 if _have(GluOp, o)])
 @pytest.mark.parametrize("split", [False, True])
 def test_glu_of_bf16_is_refused_where_the_kernel_aborts(op, split):
-    # the pinned kernel's type switch takes F32 and F16 (GGML_ABORT otherwise); ggml 0.25.3's
+    # 0.20.2's kernel's type switch takes F32 and F16 (GGML_ABORT otherwise); ggml 0.25.3's
     # takes BF16 (reviewed: the rule takes it there); where the kernel changed unreviewed, the
     # proof decides; what it computes is checked against the float64 reference
     seen = {}
