@@ -68,6 +68,14 @@ static inline bool ggml_prec_set_src(struct ggml_tensor * a, enum ggml_prec prec
 }
 #endif
 
+#if !PYGGML_HAVE_MUL_MAT_SET_HINT
+/* never called: mul_mat_set_hint() raises GGMLVersionError first */
+static inline void ggml_mul_mat_set_hint(struct ggml_tensor * a, int hint) {
+    (void) a;
+    (void) hint;
+}
+#endif
+
 #if !PYGGML_HAVE_FLASH_ATTN_BACK
 /* an op value no node carries: flash_attn_back() raises NotImplementedError */
 #define GGML_OP_FLASH_ATTN_BACK GGML_OP_COUNT

@@ -138,6 +138,9 @@ OpPool = IntEnum("OpPool", _OPPOOL_MEMBERS, module=__name__)
 ScaleMode = IntEnum("ScaleMode", _SCALEMODE_MEMBERS, module=__name__)
 ScaleFlag = IntEnum("ScaleFlag", _SCALEFLAG_MEMBERS, module=__name__)
 SortOrder = IntEnum("SortOrder", _SORTORDER_MEMBERS, module=__name__)
+OpHint = IntEnum("OpHint", _OPHINT_MEMBERS, module=__name__)
+OpHint.__doc__ = ("hints for a MUL_MAT node (``enum ggml_op_hint``, :func:`mul_mat_set_hint`); values come "
+                  "from the compiled header (none where it lacks the enum).")
 TriType = IntEnum("TriType", _TRITYPE_MEMBERS, module=__name__)
 
 _NUMPY_DTYPE = {

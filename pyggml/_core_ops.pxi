@@ -394,6 +394,33 @@ def rope_set_offset(a, n_offs):
     return a
 
 
+def mul_mat_set_hint(a, hint):
+    """mul_mat_set_hint(a, hint): the hint (:class:`OpHint`) of a MUL_MAT node ``a``
+    (``ggml_mul_mat_set_hint``). With ``OpHint.SRC0_IS_HADAMARD`` the CPU kernel takes
+    src0 for the normalized Hadamard matrix H_n / sqrt(n) (n = ne00, a power of 2): it
+    computes each src1 row's fast Walsh-Hadamard transform and never reads src0's values,
+    so the result is src0 @ src1 only where that promise holds (the reference
+    implementations, ``use_ref``, ignore the hint and multiply).
+
+    GGMLVersionError where the linked ggml lacks it; ArgumentError for a node of another
+    op or a hint ggml does not define; GGMLTypeError for a src1 the Hadamard kernel aborts
+    on (F32 only; F16 too from ggml 0.25.3) and KernelPreconditionError for an n it
+    aborts on (not a power of 2) or a src0 that is not square (the kernel writes n floats
+    to each result row of ne01). The node is checked with its new hint before it changes:
+    a refusal leaves it as it was."""
+    cdef Tensor t = arg_tensor(a, "a", "mul_mat_set_hint")
+    cdef ggml_tensor probe
+    if not PYGGML_HAVE_MUL_MAT_SET_HINT:
+        raise version_error("mul_mat_set_hint", "ggml_mul_mat_set_hint is newer than this ggml")
+    cdef int h = arg_enum(hint, OpHint, "hint", "mul_mat_set_hint")
+    if ggml_op_name(t.ptr.op).decode() != "MUL_MAT":
+        raise ArgumentError(f"mul_mat_set_hint: a must be a MUL_MAT node, not {t.op}")
+    probe = t.ptr[0]                    # the node as it would be (its sources shared)
+    (<int32_t *> probe.op_params)[1] = h
+    check_node(&probe, "mul_mat_set_hint")
+    ggml_mul_mat_set_hint(t.ptr, h)
+
+
 def linked_op_names():
     """linked_op_names() -> (ops, unary_ops, glu_ops): the names the linked ggml gives its
     ops (``ggml_op_name``, ``ggml_unary_op_name``, ``ggml_glu_op_name``), in enum order."""

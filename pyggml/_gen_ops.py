@@ -68,6 +68,7 @@ ENUM_CLASSES = {
     "ggml_scale_flag": ("ScaleFlag", "GGML_SCALE_FLAG_"),
     "ggml_sort_order": ("SortOrder", "GGML_SORT_ORDER_"),
     "ggml_tri_type": ("TriType", "GGML_TRI_TYPE_"),
+    "ggml_op_hint": ("OpHint", "GGML_HINT_"),
 }
 # the Python builtins a family module must not shadow with an op of the same name (the
 # wrappers never call builtins, but helpers in the module might one day)
@@ -597,6 +598,8 @@ def gen_core_stub(template: str, enums: dict[str, list[str]]) -> str:
         members = [m for m in enums.get(cenum, []) if m.startswith(prefix) and not m.endswith("_COUNT")]
         out.append(f"class {cls}(IntEnum):")
         out.extend(f"    {m[len(prefix):]} = ..." for m in members)
+        if not members:     # an enum this ggml lacks (OpHint before 0.17): an empty class
+            out.append("    ...")
         if cls == "Type":   # the properties of _core._TypeBase
             out.append(template[template.index("    @property"):template.index("# @TYPEPROPS_END@")].rstrip())
         out.append("")

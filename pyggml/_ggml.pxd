@@ -23,6 +23,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_ROPE_SET_OFFSET
         PYGGML_HAVE_FA_N_KV_MAX
         PYGGML_HAVE_PREC_SET
+        PYGGML_HAVE_MUL_MAT_SET_HINT
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:
@@ -159,6 +160,7 @@ cdef extern from "_compat.h" nogil:
     void ggml_set_output(ggml_tensor * tensor)
     void ggml_set_input(ggml_tensor * tensor)
     void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
+    void ggml_mul_mat_set_hint(ggml_tensor * a, int hint)   # enum ggml_op_hint; _compat.h: a stand-in where absent
     ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)   # _compat.h: a no-op stand-in where absent
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_flash_attn_ext_set_n_kv_max(ggml_tensor * a, int32_t n_kv_max)   # _compat.h: a stand-in where absent

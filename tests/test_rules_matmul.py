@@ -192,3 +192,93 @@ def test_the_precision_api_sets_what_ggml_says_and_the_cpu_computes_the_same():
         g.build_forward_expand(r)
         g.compute(1)
         np.testing.assert_allclose(r.numpy(), b.astype(np.float64) @ a.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+# --- the Hadamard hint (ggml_mul_mat_set_hint: ops.cpp ggml_compute_forward_fwht) ------------------
+
+def _hadamard(n):
+    """the normalized Sylvester Hadamard matrix H_n / sqrt(n), float64"""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def _hinted(src0, src1_shape=(3, 16), src1_type=Type.F32, seed=5):
+    """mul_mat(src0, x) with the Hadamard hint set (src0: float64 values, numpy order)"""
+    def build(ctx):
+        r = pyggml.mul_mat(ctx, t_(ctx, src0), t_(ctx, rnd(src1_shape, seed), src1_type))
+        pyggml.mul_mat_set_hint(r, pyggml.OpHint.SRC0_IS_HADAMARD)
+        return r
+    return build
+
+
+def _have_hint():
+    from pyggml import _optable
+    return "ggml_mul_mat_set_hint" in _optable.API        # the linked ggml.h's GGML_API functions
+
+
+def test_the_hadamard_hint_computes_the_transform_without_reading_src0():
+    if not _have_hint():
+        with pyggml.Context(1 << 20) as ctx:
+            r = pyggml.mul_mat(ctx, t_(ctx, rnd((4, 4))), t_(ctx, rnd((2, 4))))
+            with pytest.raises(pyggml.GGMLVersionError, match="newer than this ggml"):
+                pyggml.mul_mat_set_hint(r, 1)
+        return
+    from rules_helpers import computed
+    H, x = _hadamard(16), rnd((3, 16), 5).astype(np.float64)
+    with pyggml.Context(1 << 20) as ctx:
+        r = _hinted(H)(ctx)
+        assert r.op_params[1] == int(pyggml.OpHint.SRC0_IS_HADAMARD) == 1
+        np.testing.assert_allclose(computed(ctx, r), x @ H.T, rtol=1e-5, atol=1e-5)
+        # the kernel never reads src0: a zero src0 gives the same transform (the caller's promise)
+        z = _hinted(np.zeros((16, 16)))(ctx)
+        np.testing.assert_allclose(computed(ctx, z), x @ H.T, rtol=1e-5, atol=1e-5)
+        plain = pyggml.mul_mat(ctx, t_(ctx, np.zeros((16, 16))), t_(ctx, x))
+        pyggml.mul_mat_set_hint(plain, pyggml.OpHint.NONE)
+        assert not computed(ctx, plain).any()              # no hint: the product, zero
+        with pytest.raises(pyggml.ArgumentError, match="must be a MUL_MAT node, not ADD"):
+            pyggml.mul_mat_set_hint(pyggml.add(ctx, t_(ctx, x), t_(ctx, x)), 1)
+        with pytest.raises(pyggml.ArgumentError, match="hint"):
+            pyggml.mul_mat_set_hint(r, 7)
+
+
+@pytest.mark.parametrize("src0, src1_shape, exc, match", [
+    (np.eye(12), (3, 12), KPE, "ne10 = 12 to be a power of 2"),
+    (np.ones((8, 16)), (3, 16), KPE, r"src0 must be square: .* ne01 = 8 \(past its end\)"),
+    (np.ones((32, 16)), (3, 16), KPE, r"ne01 = 32 \(leaving the rest unwritten\)"),
+])
+def test_the_hadamard_hint_is_refused_where_the_kernel_aborts_or_writes_past(src0, src1_shape, exc, match):
+    if not _have_hint():
+        pytest.skip("this ggml has no ggml_mul_mat_set_hint")
+    build = _hinted(src0, src1_shape)
+    with pyggml.Context(1 << 20) as ctx:
+        r = pyggml.mul_mat(ctx, t_(ctx, src0), t_(ctx, rnd(src1_shape, 5)))
+        with pytest.raises(exc, match=match):
+            pyggml.mul_mat_set_hint(r, pyggml.OpHint.SRC0_IS_HADAMARD)
+        assert r.op_params[1] == 0                          # refused: the node as it was
+    from pyggml.opinfo.harness import kernel_verdict
+    from pyggml.opinfo._common import kernel_release
+    if kernel_release("MUL_MAT") is not None:           # the kernel the rule holds for
+        # ne01 > n leaves elements unwritten: nothing out of bounds, silently wrong ("ok")
+        want = {"abort"} if "power of 2" in match else {"out-of-bounds"} if "past its end" in match else {"ok"}
+        assert kernel_verdict(build) in want
+
+
+def test_the_hadamard_hint_takes_f16_rows_from_0_25_3():
+    if not _have_hint():
+        pytest.skip("this ggml has no ggml_mul_mat_set_hint")
+    from pyggml.opinfo._common import kernel_before, kernel_since
+    from rules_helpers import computed
+    H = _hadamard(8)
+    build = _hinted(np.eye(8) @ H, (2, 8), Type.F16)
+    if kernel_since("MUL_MAT", "0.25.3"):
+        with pyggml.Context(1 << 20) as ctx:
+            x = rnd((2, 8), 5).astype(np.float16).astype(np.float64)
+            np.testing.assert_allclose(computed(ctx, build(ctx)), x @ H.T, rtol=1e-5, atol=1e-5)
+    elif kernel_before("MUL_MAT", "0.25.3"):
+        refused_and_kernel_fails(build, pyggml.GGMLTypeError, "takes src1 F32 only, got F16", None)
+    for bad in (Type.BF16, Type.Q8_0):
+        with pyggml.Context(1 << 20) as ctx:
+            with pytest.raises(pyggml.GGMLTypeError):
+                _hinted(np.eye(32), (2, 32), bad)(ctx)

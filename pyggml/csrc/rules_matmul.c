@@ -123,6 +123,40 @@ static int rule_out_prod(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+/* ggml-cpu.c ggml_compute_forward_mul_mat with op_params[1] = GGML_HINT_SRC0_IS_HADAMARD
+ * (ggml_mul_mat_set_hint; 0.17.0 on), unless use_ref: ops.cpp ggml_compute_forward_fwht
+ * instead, before the tiled path and every assert of the product. It takes src0 for the
+ * normalized Hadamard matrix and never reads it: each src1 row (at nb11, nb12, nb13, its
+ * elements contiguous: the product's own check) gets its fast Walsh-Hadamard transform
+ * scaled by 1/sqrt(n), n = ne10, written as n floats from the result row's start (nb1, nb2,
+ * nb3). It aborts on a src1 not F32 (0.20.2; F32 or F16 from 0.25.3: fwht_impl<ggml_fp16_t>)
+ * and on n not a power of 2; n floats into a row of ne0 = ne01 write past the row where
+ * ne01 < n and leave its end unwritten where ne01 > n, so src0 must be square. The rule
+ * checks the product too (use_ref, or the hint cleared, takes that path). */
+#define PG_HINT_SRC0_IS_HADAMARD 1      /* GGML_HINT_SRC0_IS_HADAMARD: ggml 0.9.4's header lacks the enum */
+static int rule_hadamard_hint(const struct ggml_tensor * t, pg_why * why) {
+    const struct ggml_tensor * a = t->src[0], * b = t->src[1];
+    if (((const int32_t *) t->op_params)[1] != PG_HINT_SRC0_IS_HADAMARD) {
+        return PYGGML_OK;
+    }
+    const int f16 = pg_kernel_since((int) t->op, PG_RELEASE(0, 25, 3));
+    if (b->type != GGML_TYPE_F32 && !(f16 && b->type == GGML_TYPE_F16)) {
+        return pg_kernel_aborts(why, pg_refuse_type(why, "with the Hadamard hint the CPU kernel (fwht) takes src1 %s, "
+                                                     "got %s", f16 ? "F32 or F16" : "F32 only", pg_type(b)));
+    }
+    const int64_t n = b->ne[0];
+    if ((n & (n - 1)) != 0) {
+        return pg_kernel_aborts(why, pg_refuse(why, "with the Hadamard hint the CPU kernel (fwht) needs ne10 = %lld "
+                                               "to be a power of 2", (long long) n));
+    }
+    if (a->ne[1] != n) {
+        return pg_refuse(why, "with the Hadamard hint src0 must be square: the CPU kernel (fwht) writes ne10 = %lld "
+                         "floats to each result row of ne01 = %lld (%s)", (long long) n, (long long) a->ne[1],
+                         a->ne[1] < n ? "past its end" : "leaving the rest unwritten");
+    }
+    return PYGGML_OK;
+}
+
 /* ggml-cpu.c ggml_compute_forward_mul_mat: src0 rows contiguous and not transposed, a
  * vec_dot for src0's type; src1 F32 or src0's vec_dot_type (supports_op), rows
  * contiguous; dst F32 with nb0 <= nb1 <= nb2 <= nb3. From 0.25.3 an F16 or BF16 src1 is
@@ -155,7 +189,7 @@ static int rule_mul_mat(const struct ggml_tensor * t, pg_why * why) {
     if (tiled_q8k_misread(t, b->ne[1])) {
         return refuse_tiled_q8k(t, why);
     }
-    return PYGGML_OK;
+    return rule_hadamard_hint(t, why);
 }
 
 const pg_named_rule pg_rules_matmul[] = {
