@@ -39,6 +39,24 @@ cdef int MAX_N_THREADS = 512   # GGML_MAX_N_THREADS in ggml-cpu (not in a public
 cdef extern from "pyggml_config.h":
     const char * PYGGML_OPENMP_FLAG
 
+cdef extern from "asan_hooks.h" nogil:
+    int pg_asan_enabled()
+
+# An ASan build holds the GIL across every dry run's fork (a proof's, the optimizer's):
+# ASan's allocator keeps the locks another thread held at fork() locked in the child,
+# which then hangs in its first malloc until the proof's time limit (pyggml_rt.h,
+# pyggml_set_fork_hooks). glibc's malloc resets its locks in the child: no hook there.
+cdef extern from *:
+    """
+    static int pyggml_fork_take_gil(void) { return (int) PyGILState_Ensure(); }
+    static void pyggml_fork_give_gil(int held) { PyGILState_Release((PyGILState_STATE) held); }
+    """
+    int pyggml_fork_take_gil() noexcept nogil
+    void pyggml_fork_give_gil(int held) noexcept nogil
+
+if pg_asan_enabled():
+    pyggml_set_fork_hooks(pyggml_fork_take_gil, pyggml_fork_give_gil)
+
 
 # --- a cached threadpool ----------------------------------------------------------
 # ggml_graph_compute with no threadpool makes and frees one on every call. With

@@ -81,6 +81,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_graph_plan(pyggml_guard * g, const ggml_cgraph * graph, int n_threads,
                               ggml_threadpool * threadpool, ggml_cplan * plan)
 
+    void pyggml_set_fork_hooks(int (*before)() noexcept nogil, void (*after)(int) noexcept nogil)
     int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, const int * abort,
                            pyggml_status * st)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,

@@ -43,6 +43,14 @@ static void child_log_callback(enum ggml_log_level level, const char * text, voi
     child_write(text);
 }
 
+static int (*fork_before)(void) = NULL;
+static void (*fork_after)(int) = NULL;
+
+void pyggml_set_fork_hooks(int (*before)(void), void (*after)(int)) {
+    fork_before = before;
+    fork_after = after;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -69,7 +77,15 @@ int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, const int *
     if (pipe(fds) != 0) {
         return -1;
     }
+    int (*before)(void) = fork_before;
+    void (*after)(int) = fork_after;
+    const int held = before != NULL ? before() : 0;
     pid_t pid = fork();
+    if (pid != 0 && after != NULL) {
+        int e = errno;
+        after(held);
+        errno = e;
+    }
     if (pid < 0) {
         int e = errno;
         close(fds[0]);

@@ -200,6 +200,12 @@ enum { PYGGML_DRY_OK = 0, PYGGML_DRY_SIGNAL = 1, PYGGML_DRY_EXIT = 2, PYGGML_DRY
 #define PYGGML_PROOF_TIMEOUT_S 600.0
 PYGGML_RT_API int pyggml_dry_run(void (*fn)(void *), void * arg, double timeout_s, const int * abort,
                                  char * msg, size_t cap, int * how);
+/* Calls around every dry run's fork (NULL: none): `before` returns what `after` gets, in
+ * the parent only. The ASan build takes the GIL there (pyggml/_cpu.pyx): ASan's allocator,
+ * unlike glibc's, keeps the locks another thread held at fork() locked in the child, which
+ * then hangs in its first malloc; with the GIL held no Python thread (pytest-xdist's I/O
+ * thread, a test's threads) is inside an allocation at the fork. */
+PYGGML_RT_API void pyggml_set_fork_hooks(int (*before)(void), void (*after)(int));
 /* a dry run's result (rc, how) into st, whose msg holds the child's message: a child of
  * the guarded compute that exited PYGGML_EXIT_GUARD or _OVERRUN is PYGGML_DEFECT
  * "kernel-out-of-bounds"; returns st->code */
