@@ -544,6 +544,18 @@ DEFECTS: tuple[Defect, ...] = (
         ubsan=("alignment:ggml_vec_dot_iq1_s_q8_K",),
     ),
     Defect(
+        id="tiled-iq3-xxs-misaligned-load",
+        title="0.25.3's tiled K-quant MUL_MAT reads IQ3_XXS scales and signs as a uint32 at a 2-byte-aligned offset "
+              "(undefined in C)",
+        ops=("MUL_MAT", "MUL_MAT_ID"),
+        where="ggml-cpu/tiled/tiled.cpp tiled_unpack_src0 (block_iq3_xxs): *(const uint32_t *) (x.qs + QK_K/4 + "
+              "4*ib32) inside a 98-byte block (2-byte aligned); the tiled path runs from 8 src1 rows on",
+        action="not refused: x86-64 loads unaligned words; a sanitized build suppresses this one site (UBSan "
+               "halted the sanitizer stage on mul_mat's IQ3_XXS sample of 36 src1 rows)",
+        seen_in=("0.25.3",),
+        ubsan=("alignment:tiled_unpack_src0",),
+    ),
+    Defect(
         id="cpy-f16-i32-work",
         title="F16/BF16 -> I32 copies use a work buffer ggml_graph_plan does not reserve",
         ops=("CPY",),
