@@ -204,10 +204,10 @@ def _hadamard(n):
     return h / np.sqrt(n)
 
 
-def _hinted(src0, src1_shape=(3, 16), src1_type=Type.F32, seed=5):
+def _hinted(src0, src1_shape=(3, 16), src1_type=Type.F32, seed=5, src0_type=Type.F32):
     """mul_mat(src0, x) with the Hadamard hint set (src0: float64 values, numpy order)"""
     def build(ctx):
-        r = pyggml.mul_mat(ctx, t_(ctx, src0), t_(ctx, rnd(src1_shape, seed), src1_type))
+        r = pyggml.mul_mat(ctx, t_(ctx, src0, src0_type), t_(ctx, rnd(src1_shape, seed), src1_type))
         pyggml.mul_mat_set_hint(r, pyggml.OpHint.SRC0_IS_HADAMARD)
         return r
     return build
@@ -281,13 +281,15 @@ def test_the_hadamard_hint_takes_f16_rows_from_0_25_3():
     from pyggml.opinfo._common import kernel_before, kernel_since
     from rules_helpers import computed
     H = _hadamard(8)
-    build = _hinted(np.eye(8) @ H, (2, 8), Type.F16)
+    # an F16 src0: its vec_dot type is F16, so the product takes the F16 src1 on every release
+    # and only the Hadamard path's own type switch decides
+    build = _hinted(np.eye(8) @ H, (2, 8), Type.F16, src0_type=Type.F16)
     if kernel_since("MUL_MAT", "0.25.3"):
         with pyggml.Context(1 << 20) as ctx:
             x = rnd((2, 8), 5).astype(np.float16).astype(np.float64)
             np.testing.assert_allclose(computed(ctx, build(ctx)), x @ H.T, rtol=1e-5, atol=1e-5)
     elif kernel_before("MUL_MAT", "0.25.3"):
-        refused_and_kernel_fails(build, pyggml.GGMLTypeError, "takes src1 F32 only, got F16", None)
+        refused_and_kernel_fails(build, pyggml.GGMLTypeError, "takes src1 F32 only, got f16", None)
     if untrusted("MUL_MAT"):        # these refusals stand for aborts: the proof decides there
         return
     for bad in (Type.BF16, Type.Q8_0):
