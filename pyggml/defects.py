@@ -10,7 +10,6 @@ registry; nothing else describes a defect.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 __all__ = ["Defect", "DEFECTS", "get", "known_defects", "probe_all"]
 
@@ -23,7 +22,7 @@ class Defect:
     where: str                      # upstream code involved
     action: str                     # what pyggml does about it
     seen_in: tuple[str, ...]        # ggml releases where a probe or a test saw it
-    probe: Callable[[], object] | None = None   # measures it on the linked ggml
+    probe: str = ""                 # the function of pyggml._defect_probes that measures it
     probe_unit: str = ""            # what the probe's number means
     # undefined behaviour in upstream code that pyggml runs as it is: the UBSan suppressions
     # ("check:function") that let a sanitized build (scripts/sanitize.py) run past it and no
@@ -35,11 +34,12 @@ class Defect:
 
     def run_probe(self):
         """The probe's measurement on the linked ggml (None: not applicable here)."""
-        if self.probe is None:
+        if not self.probe:
             return None
+        from pyggml import _defect_probes
         from pyggml.errors import GGMLVersionError
         try:
-            return self.probe()
+            return getattr(_defect_probes, self.probe)()
         except GGMLVersionError:        # the op (or feature) the probe needs is not in this ggml
             return None
 
@@ -47,212 +47,6 @@ class Defect:
         d = dataclasses.asdict(self)
         d.pop("probe")
         return d
-
-
-def _probe_fab_batch_gqa_oob():
-    from pyggml._fab import _probe_fab_batch_gqa_oob
-
-    return _probe_fab_batch_gqa_oob()
-
-
-def _probe_fab_work_size():
-    """Bytes the FLASH_ATTN_BACK kernel touches beyond what ggml_graph_plan reserves, for
-    D = M = 1 on 4 threads (0: the plan is large enough)."""
-    import pyggml
-    from pyggml import _cpu
-
-    with pyggml.Context(1 << 20) as ctx:
-        t = ctx.new_tensor(pyggml.Type.F32, (1, 1, 1, 1))
-        r = pyggml.flash_attn_back(ctx, t, t, t, t, False)
-        g = pyggml.Graph(ctx, 8)
-        g.build_forward_expand(r)
-        return max(0, _cpu.fab_work_bytes(1, 1, 4) - g._plan_work_size(4))
-
-
-def _verdict(build, timeout=None):
-    """What the CPU kernel does with ``build(ctx)``'s node, pyggml's rules off: "ok",
-    "abort", "out-of-bounds" or "hang" (pyggml.opinfo.harness.kernel_verdict)."""
-    from pyggml.opinfo.harness import kernel_verdict
-
-    return kernel_verdict(build, timeout)
-
-
-def _probe_set_bounds():
-    import numpy as np
-
-    import pyggml
-
-    return _verdict(lambda ctx: pyggml.set_1d(ctx, ctx.from_numpy(np.zeros(1024, np.float32)),
-                                              ctx.from_numpy(np.ones(1, np.float32)), 4096))
-
-
-def _probe_pad_circular():
-    import numpy as np
-
-    import pyggml
-
-    return _verdict(lambda ctx: pyggml.pad_ext_circular(ctx, ctx.from_numpy(np.zeros((32, 32), np.float32)),
-                                                        64, 1, 0, 0, 0, 0, 0, 0))
-
-
-def _probe_rope_ndims0():
-    import numpy as np
-
-    import pyggml
-
-    # a row of 8 rotated by 0 dims: 0.20.2's kernel copies it, 0.25.3's spins
-    return _verdict(lambda ctx: pyggml.rope(ctx, ctx.from_numpy(np.ones((1, 1, 8), np.float32)),
-                                            ctx.from_numpy(np.zeros(1, np.int32)), 0, 0), timeout=5.0)
-
-
-def _probe_cpy_to_q_work():
-    import numpy as np
-
-    import pyggml
-
-    def build(ctx):
-        dst = ctx.new_tensor(pyggml.Type.Q8_0, (32, 16))
-        return pyggml.cpy(ctx, ctx.from_numpy(np.ones((512,), np.float32)), dst)
-    return _verdict(build)
-
-
-def _probe_add_q_no_from_float():
-    import numpy as np
-
-    import pyggml
-
-    # add1 of a zeroed IQ2_XXS row and 1: the kernel (0.20.2's, 0.25.3's) calls the NULL from_float (a
-    # SIGSEGV in the child, "abort"); a kernel that checks it aborts or refuses ("abort"
-    # too); one that writes the row through a fallback computes it ("ok")
-    def build(ctx):
-        a = ctx.new_tensor(pyggml.Type.IQ2_XXS, (256, 1))
-        a.blocks()[...] = 0
-        return pyggml.add1(ctx, a, ctx.from_numpy(np.ones(1, np.float32)))
-    return _verdict(build)
-
-
-def _computed(ctx, t) -> bool:
-    """Compute t's graph; False where the kernel aborts (not the probe's defect: it cannot
-    measure it on this ggml)."""
-    import pyggml
-
-    g = pyggml.Graph(ctx, 8)
-    g.build_forward_expand(t)
-    try:
-        g.compute(1)
-    except pyggml.GGMLAbort:
-        return False
-    return True
-
-
-def _probe_conv_transpose_2d_batch():
-    import numpy as np
-
-    import pyggml
-    from pyggml.opinfo.harness import read, rules_disabled
-
-    # two equal batches, rules off: 0.20.2's kernel computes the first and leaves the
-    # second zero; a fixed one computes both alike. An F16 kernel: older releases (0.9.4)
-    # take no other
-    with rules_disabled(), pyggml.Context(1 << 20) as ctx:
-        k = ctx.from_numpy(np.ones((2, 3, 3, 3), np.float16))
-        x = ctx.from_numpy(np.ones((2, 2, 4, 4), np.float32))
-        r = pyggml.conv_transpose_2d_p0(ctx, k, x, 2)
-        if not _computed(ctx, r):
-            return None
-        v = read(r)
-    if np.array_equal(v[0], v[1]):
-        return "ok"
-    return "zeros" if not v[1].any() and v[0].any() else "wrong"
-
-
-def _probe_conv_2d_dw_f32_kernel():
-    import numpy as np
-
-    import pyggml
-
-    # conv_2d_dw of an F32 kernel, rules off: the pinned CPU mul_mat aborts on the F16
-    # columns the builder makes ("abort"); one that converts them computes it ("ok")
-    return _verdict(lambda ctx: pyggml.conv_2d_dw(ctx, ctx.from_numpy(np.ones((2, 1, 3, 3), np.float32)),
-                                                  ctx.from_numpy(np.ones((1, 2, 5, 5), np.float32)),
-                                                  1, 1, 0, 0, 1, 1))
-
-
-def _probe_rope_offset_grad():
-    """The max abs error of ggml's gradient of sum(rope(x) * w) with a rotated block at
-    offset 2, against the exact one (the forward's transpose applied to w), rules off
-    (0: the backward carries the offset)."""
-    import numpy as np
-
-    import pyggml
-    from pyggml.opinfo.harness import rules_disabled
-
-    rng = np.random.default_rng(0)
-    # 3 positions (ne2) of one head of 8
-    x, w = rng.standard_normal((3, 1, 8)).astype(np.float32), rng.standard_normal((3, 1, 8)).astype(np.float32)
-    with rules_disabled(), pyggml.Context(1 << 22) as ctx:
-        a = ctx.from_numpy(x)
-        pyggml.set_param(a)
-        pos = ctx.from_numpy(np.arange(3, dtype=np.int32))
-        r = pyggml.rope_set_offset(pyggml.rope(ctx, a, pos, 4, 0), 2)      # raises GGMLVersionError before it
-        loss = pyggml.sum(ctx, pyggml.mul(ctx, r, ctx.from_numpy(w)))
-        pyggml.set_loss(loss)
-        g = pyggml.Graph(ctx, 64, grads=True)
-        g.build_forward_expand(loss)
-        g.build_backward_expand()
-        g.compute(1)
-        got = g.grad(a).numpy().copy()
-    # rope of 4 dims at offset 2, NORMAL mode: pairs (2, 3) and (4, 5) at position p rotate
-    # by p * theta_i, theta_i = 10000 ** (-2i / 4); its transpose rotates w's pairs back
-    want = w.astype(np.float64).copy()
-    for p in range(3):
-        for i, j in enumerate((2, 4)):
-            c, s = np.cos(p * 10000.0 ** (-2 * i / 4)), np.sin(p * 10000.0 ** (-2 * i / 4))
-            w0, w1 = float(w[p, 0, j]), float(w[p, 0, j + 1])
-            want[p, 0, j], want[p, 0, j + 1] = c * w0 + s * w1, -s * w0 + c * w1
-    err = float(np.max(np.abs(got - want)))
-    return err if err > 1e-4 else 0.0           # (F32 rounding is not the defect)
-
-
-def q8_k_rows(x):
-    """Rows of x (float32, rows of 256) as Q8_K blocks, the layout of ggml's block_q8_K (d f32,
-    qs i8[256], bsums i16[16]: 292 bytes), and the values they hold (d * qs). ggml quantizes
-    into Q8_K only as a dot product's other side; no quantize_chunk writes it."""
-    import numpy as np
-
-    rows = np.asarray(x, np.float32).reshape(-1, 256)
-    d = (np.abs(rows).max(axis=1) / 127).astype(np.float32)
-    safe = np.where(d == 0, 1, d)
-    qs = np.round(rows / safe[:, None]).clip(-127, 127).astype(np.int8)
-    block = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
-    out = np.zeros(rows.shape[0], block)
-    out["d"], out["qs"] = d, qs
-    out["bsums"] = qs.reshape(-1, 16, 16).astype(np.int16).sum(axis=2)
-    return out.view(np.uint8).reshape(*np.shape(x)[:-1], -1), (d[:, None] * qs).reshape(np.shape(x))
-
-
-def _probe_mul_mat_tiled_q8k_batches():
-    """The relative max error of mul_mat(Q4_K a, Q8_K b) with b's two batches of 8 rows each
-    followed by 8 rows it does not hold (a view), rules off, against float64 (0: absent)."""
-    import numpy as np
-
-    import pyggml
-    from pyggml.opinfo.harness import read, rules_disabled
-
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((16, 256)).astype(np.float32)
-    raw, xv = q8_k_rows(rng.standard_normal((2, 16, 256)).astype(np.float32))
-    with rules_disabled(), pyggml.Context(1 << 22) as ctx:
-        a = ctx.from_numpy(pyggml.quantize(pyggml.Type.Q4_K, w), type=pyggml.Type.Q4_K)
-        store = ctx.from_numpy(raw, type=pyggml.Type.Q8_K)              # ne (256, 16, 2)
-        b = pyggml.view_3d(ctx, store, 256, 8, 2, store.nb[1], store.nb[2], 0)
-        r = pyggml.mul_mat(ctx, a, b)
-        if not _computed(ctx, r):
-            return None
-        got, wv = r.numpy().astype(np.float64), read(a)
-    want = np.einsum("mk,bnk->bnm", wv, xv[:, :8, :].astype(np.float64))
-    err = float(np.abs(got - want).max() / np.abs(want).max())
-    return err if err > 1e-3 else 0.0
 
 
 DEFECTS: tuple[Defect, ...] = (
@@ -266,7 +60,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect unless the ROPE kernel is known to be one of 0.20.2 or before "
                "(kernel trust, pg_kernel_before), whose copy of the row is allowed",
         seen_in=("0.25.3",),
-        probe=_probe_rope_ndims0,
+        probe="rope_ndims0",
         probe_unit="kernel verdict, rules off, of rope(x[8], pos, n_dims=0, mode 0) with a 5 s limit "
                    "('ok': absent, 'hang': present)",
     ),
@@ -289,7 +83,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect (ne3 > 1 and kvne2 < ne2); attention_backward computes "
                "each batch as its own node",
         seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_fab_batch_gqa_oob,
+        probe="fab_batch_gqa_oob",
         probe_unit="bytes written past the result (D=16, N=M=6, ne2=4, kvne2=2, ne3=2; 0: fixed)",
     ),
     Defect(
@@ -472,7 +266,7 @@ DEFECTS: tuple[Defect, ...] = (
               "nbytes) checks where the last element starts (ACC uses <)",
         action="refused with UpstreamDefect when b's last element would end past a (tests/test_rules_layout.py)",
         seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_set_bounds,
+        probe="set_bounds",
         probe_unit="kernel verdict, rules off, of set_1d(a[1024], b[1], offset 4096) ('ok': fixed)",
     ),
     Defect(
@@ -482,7 +276,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_wrap_around: (i - lp + ne) % ne is negative for i < lp - ne",
         action="refused with UpstreamDefect when a left pad exceeds its extent (right pads wrap correctly)",
         seen_in=("0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_pad_circular,
+        probe="pad_circular",
         probe_unit="kernel verdict, rules off, of pad_ext_circular of a 32x32 tensor by (64, 1) ('ok': fixed)",
     ),
     Defect(
@@ -507,7 +301,7 @@ DEFECTS: tuple[Defect, ...] = (
                "tests/test_rules_arith.py shows the write past the result and the abort, rules off; "
                "docs/upstream-defect-add-q-no-from-float.md is the write-up",
         seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_add_q_no_from_float,
+        probe="add_q_no_from_float",
         probe_unit="kernel verdict, rules off, of add1(iq2_xxs[256] zeroed, f32[1]) ('ok': fixed)",
     ),
     Defect(
@@ -573,7 +367,7 @@ DEFECTS: tuple[Defect, ...] = (
               "from the result's ne0",
         action="refused with UpstreamDefect when src0's rows are longer than the result's",
         seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_cpy_to_q_work,
+        probe="cpy_to_q_work",
         probe_unit="kernel verdict, rules off, of cpy(f32[512], q8_0[32, 16]) ('ok': fixed)",
     ),
     Defect(
@@ -643,7 +437,7 @@ DEFECTS: tuple[Defect, ...] = (
                "batches there (pyggml/kernels.txt); a changed kernel not reviewed still refuses them",
         seen_in=("0.9.4", "0.17.0", "0.20.2"),
         fixed_in="0.25.3",
-        probe=_probe_conv_transpose_2d_batch,
+        probe="conv_transpose_2d_batch",
         probe_unit="kernel verdict, rules off, on batch 1 of a 2-batch result of equal batches ('ok': computed "
                    "as batch 0, absent; 'zeros': present)",
     ),
@@ -700,7 +494,7 @@ DEFECTS: tuple[Defect, ...] = (
                "checks its values)",
         seen_in=("0.20.2",),
         fixed_in="0.25.3",
-        probe=_probe_conv_2d_dw_f32_kernel,
+        probe="conv_2d_dw_f32_kernel",
         probe_unit="kernel verdict, rules off, of conv_2d_dw with an F32 kernel ('abort': present; 'ok': absent)",
     ),
     Defect(
@@ -714,7 +508,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="build_backward_expand refuses a graph that needs the gradient through such a ROPE with "
                "UpstreamDefect",
         seen_in=("0.25.3",),
-        probe=_probe_rope_offset_grad,
+        probe="rope_offset_grad",
         probe_unit="max abs error of the input gradient of sum(rope(x, 4 dims at offset 2) * w) (0: absent)",
     ),
     Defect(
@@ -730,7 +524,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect where the reviewed 0.25.3 MUL_MAT/MUL_MAT_ID kernel would take the "
                "tiled path (csrc/rules_matmul.c); the wrong values are shown in tests/test_rules_matmul.py",
         seen_in=("0.25.3",),
-        probe=_probe_mul_mat_tiled_q8k_batches,
+        probe="mul_mat_tiled_q8k_batches",
         probe_unit="relative max error of mul_mat(Q4_K, Q8_K view with a gap after each batch of 8 rows), "
                    "rules off, against float64 (0: absent)",
     ),
@@ -751,7 +545,7 @@ DEFECTS: tuple[Defect, ...] = (
               "ith the floats from ith*2*(max(D, Mup) + CACHE_LINE_SIZE_F32)",
         action="pyggml allocates the work buffer itself, sized for the kernel (Graph.work_size)",
         seen_in=("0.9.4", "0.13.1", "0.17.0", "0.20.2", "0.25.3"),
-        probe=_probe_fab_work_size,
+        probe="fab_work_size",
         probe_unit="bytes the kernel uses past the plan's buffer (D=M=1, 4 threads; 0: fixed)",
     ),
 )

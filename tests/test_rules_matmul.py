@@ -91,7 +91,7 @@ def _tiled_q8k(op):
     """mul_mat (or mul_mat_id, every token to expert 0) of Q4_K weights by a Q8_K src1 whose 2
     batches of 8 rows (mul_mat_id: 8 tokens of 1 row) are followed by rows they do not hold;
     returns (build, want): want is the float64 product of the values the blocks hold"""
-    from pyggml.defects import q8_k_rows
+    from pyggml._defect_probes import q8_k_rows
     from pyggml.opinfo.harness import read
     rng = np.random.default_rng(3)
     w = rng.standard_normal((2, 16, 256)).astype(np.float32)
@@ -149,7 +149,7 @@ def test_a_q8_k_src1_with_unpacked_batches_is_refused_where_the_tiled_path_misre
 def test_the_tiled_path_s_refusal_needs_8_rows():
     """fewer than 8 src1 rows take the stock path, which reads the batches right: not refused,
     even under a 0.25.3 review"""
-    from pyggml.defects import q8_k_rows
+    from pyggml._defect_probes import q8_k_rows
     raw, _ = q8_k_rows(np.zeros((2, 16, 256), np.float32))
     was_untrusted = pyggml._core._set_kernel_untrusted(pyggml.Op.MUL_MAT, False)   # (a prebuilt ggml trusts none)
     was = pyggml._core._set_kernel_reviewed(pyggml.Op.MUL_MAT, "0.25.3")
