@@ -114,8 +114,40 @@ def test_diff_of_two_saved_sweeps(tmp_path):
     store.save(str(b), kept, meta["meta"])
     differ = cli("parity", "diff", str(a), str(b))
     assert differ.returncode == 1 and "1 differ, 1 beyond" in differ.stdout, differ.stdout
-    line = next(ln for ln in differ.stdout.splitlines() if ln.startswith(key[:56]))
+    name = "|".join(key.split("|")[:2] + [meta["meta"]["labels"][key]])     # cases are named by label
+    line = next(ln for ln in differ.stdout.splitlines() if ln.startswith(name[:56]))
     assert line.split()[-1] == "A"
+
+
+def test_diff_matches_cases_by_label_and_skips_those_drawn_from_other_inputs(tmp_path):
+    # two builds may draw different sample lists for one subject (a release lacks a sample):
+    # the same index is then another case, and a case of one label may hold other inputs
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    proc = cli("parity", "--op", "soft_max", "--types", "F32", "--workers", "0", "--save", str(a))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta, kept = store.load(str(a))
+    labels = meta["meta"]["labels"]
+    keys = sorted((k for k in kept if k.startswith("op:soft_max|F32|")), key=lambda k: int(k.rsplit("|", 1)[1]))
+    assert len(keys) >= 3 and len({labels[k] for k in keys}) == len(keys)
+    # B: sample 0 dropped, the rest shifted down one index; the last one's inputs redrawn
+    shifted = {k: v for k, v in kept.items() if k not in keys}
+    new_labels = {}
+    for old, new in zip(keys[1:], keys):
+        shifted[new], new_labels[new] = kept[old], labels[old]
+    last = keys[len(keys) - 2]
+    shifted[last] = {p: [x + 1.0 for x in v] for p, v in kept[keys[-1]].items()}
+    store.save(str(b), shifted, {**meta["meta"], "labels": new_labels})
+    got = cli("parity", "diff", str(a), str(b), "--json", str(tmp_path / "d.json"))
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert got.returncode == 0 and "0 differ" in got.stdout, got.stdout
+    assert doc["not_comparable"] == [f"op:soft_max|F32|{labels[keys[-1]]}"]
+    assert "not compared: 1 cases" in got.stdout
+    assert doc["per_op"]["op:soft_max"]["outputs"] > 0
+    # a file saved before labels were: cases by index, as then; every index now holds other
+    # inputs, which the references show: none compared, none reported as a difference
+    store.save(str(b), shifted, {k: v for k, v in meta["meta"].items() if k != "labels"})
+    old = cli("parity", "diff", str(a), str(b))
+    assert old.returncode == 0 and f"not compared: {len(keys) - 1} cases" in old.stdout, old.stdout
 
 
 PLANTED = textwrap.dedent("""

@@ -222,6 +222,8 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         # what two builds may differ by on each case: the tolerance between two ggml paths
         meta["tolerances"] = {c.key: subjects[c.subject].tolerance(c, "ggml", "ggml-ref") for c in cases
                               if c.key in kept}
+        # what names each case across builds (parity diff matches cases by these, not by index)
+        meta["labels"] = {c.key: c.label for c in cases if c.key in kept}
         n = write("--save", args.save, lambda: store.save(args.save, kept, meta))
         if n is not None:
             print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
@@ -248,7 +250,9 @@ def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         return 2
     meta_a, meta_b, diffs = store.diff(args.a, args.b, tol=args.tol)
     if not diffs:
-        ap.error("diff: the two files have no case and path in common")
+        skipped = meta_a.get("not_comparable", [])
+        ap.error("diff: the two files have no case and path in common"
+                 + (f" ({len(skipped)} cases named alike drew other inputs)" if skipped else ""))
     text, beyond = store.format_diff(meta_a, meta_b, diffs, args.limit)
     print(text)
     if args.json:

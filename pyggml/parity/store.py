@@ -71,7 +71,7 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, dict[str, list[np.ndarray
 
 @dataclasses.dataclass
 class Difference:
-    case: str                 # subject|type|index
+    case: str                 # subject|type|sample label (subject|type|index in a file without labels)
     path: str
     nmse: float               # A against B
     max_abs: float
@@ -95,24 +95,68 @@ class Difference:
         return "A" if self.nmse_a < self.nmse_b else "B"
 
 
+def _by_name(labels: dict[str, str] | None, cases: dict[str, dict[str, list[np.ndarray]]]) -> dict[str, str]:
+    """{name: case key}: a case is named by its subject, type and sample label (saved with
+    the sweep), not by its index, since two builds may draw different sample lists for one
+    subject (a sample a release lacks is skipped); a label drawn twice gets "#n". Without
+    labels, cases are named by their keys."""
+    if not labels:
+        return {k: k for k in cases}
+    out: dict[str, str] = {}
+
+    def order(k: str) -> tuple[str, str, int]:
+        subject, type_, index = k.rsplit("|", 2)
+        return subject, type_, int(index)
+    for key in sorted(cases, key=order):
+        subject, type_, _ = key.rsplit("|", 2)
+        name = f"{subject}|{type_}|{labels.get(key, key)}"
+        n, base = 1, name
+        while name in out:
+            n += 1
+            name = f"{base}#{n}"
+        out[name] = key
+    return out
+
+
+def _same_inputs(ca: dict[str, list[np.ndarray]], cb: dict[str, list[np.ndarray]]) -> bool:
+    """Whether two saved cases computed the same inputs, as far as their float64 references
+    show it (a sample list drawn in another order gives another input under one name)."""
+    if "reference" not in ca or "reference" not in cb:
+        return True
+    ra, rb = ca["reference"], cb["reference"]
+    if len(ra) != len(rb) or any(np.shape(x) != np.shape(y) for x, y in zip(ra, rb)):
+        return False
+    return compare_outputs(ra, rb)[0] <= 1e-12
+
+
 def diff(a_path: str, b_path: str, paths: tuple[str, ...] = ("ggml", "ggml-ref", "autodiff"),
          tol: float = 1e-7) -> tuple[dict[str, Any], dict[str, Any], list[Difference]]:
-    """Compare two saved sweeps on the cases and paths both have. A and B disagree on a
-    case beyond the tolerance saved with it (two ggml paths of its subject, from A's
-    file), or ``tol`` where none was saved."""
+    """Compare two saved sweeps on the cases and paths both have, case by name (subject,
+    type, sample label) where the files name them. A case whose float64 references differ
+    was drawn from other inputs in the two builds: it is not compared, and counted in
+    ``meta_a["not_comparable"]``. A and B disagree on a case beyond the tolerance saved
+    with it (two ggml paths of its subject, from A's file), or ``tol`` where none was saved."""
     meta_a, a = load(a_path)
     meta_b, b = load(b_path)
     tols = meta_a.get("meta", {}).get("tolerances", {})
-    out = []
-    for key in sorted(set(a) & set(b)):
+    # by label where both files have them (a file saved before they were: by index)
+    la, lb = (m.get("meta", {}).get("labels") for m in (meta_a, meta_b))
+    names_a, names_b = _by_name(la if lb else None, a), _by_name(lb if la else None, b)
+    out, skipped = [], []
+    for name in sorted(set(names_a) & set(names_b)):
+        ca, cb = a[names_a[name]], b[names_b[name]]
+        if not _same_inputs(ca, cb):
+            skipped.append(name)
+            continue
         for p in paths:
-            if p not in a[key] or p not in b[key]:
+            if p not in ca or p not in cb:
                 continue
-            err, max_abs = compare_outputs(a[key][p], b[key][p])
-            bitwise = all(np.array_equal(x, y) for x, y in zip(a[key][p], b[key][p]))
-            ra = compare_outputs(a[key][p], a[key]["reference"])[0] if "reference" in a[key] else None
-            rb = compare_outputs(b[key][p], b[key]["reference"])[0] if "reference" in b[key] else None
-            out.append(Difference(key, p, err, max_abs, bitwise, ra, rb, float(tols.get(key, tol))))
+            err, max_abs = compare_outputs(ca[p], cb[p])
+            bitwise = all(np.array_equal(x, y) for x, y in zip(ca[p], cb[p]))
+            ra = compare_outputs(ca[p], ca["reference"])[0] if "reference" in ca else None
+            rb = compare_outputs(cb[p], cb["reference"])[0] if "reference" in cb else None
+            out.append(Difference(name, p, err, max_abs, bitwise, ra, rb, float(tols.get(names_a[name], tol))))
+    meta_a["not_comparable"] = skipped
     return meta_a, meta_b, out
 
 
@@ -141,6 +185,7 @@ def to_json(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Differen
     def num(x: float | None) -> float | str | None:
         return x if x is None or math.isfinite(x) else str(x)
     return {"a": meta_a["identity"], "b": meta_b["identity"], "per_op": per_op(diffs),
+            "not_comparable": meta_a.get("not_comparable", []),
             "diffs": [{**{k: num(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(d).items()},
                        "closer": d.closer, "beyond": d.beyond} for d in diffs if not d.bitwise]}
 
@@ -156,6 +201,10 @@ def format_diff(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Diff
              f"{len(beyond)} beyond tolerance"]
     closer = {"A": sum(d.closer == "A" for d in differ), "B": sum(d.closer == "B" for d in differ)}
     lines.append(f"of those that differ, closer to the float64 reference: A {closer['A']}, B {closer['B']}")
+    skipped = meta_a.get("not_comparable", [])
+    if skipped:
+        lines.append(f"not compared: {len(skipped)} cases named alike whose float64 references differ (the two builds "
+                     f"drew other inputs for them), e.g. {skipped[0]}")
     if differ:
         lines.append(f"{'case':56s} {'path':9s} {'NMSE A~B':>10s} {'max abs':>10s} {'A~ref':>10s} {'B~ref':>10s} closer")
         ranked = sorted(differ, key=lambda d: (not d.beyond, -(d.nmse if math.isfinite(d.nmse) else 1e300)))
