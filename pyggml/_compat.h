@@ -37,6 +37,13 @@ static inline int pyggml_backend_cpu_set_use_ref(ggml_backend_t backend, int on)
 #endif
 }
 
+/* 1 where ggml.h defines the interleaved multi-rope mode (the rules refuse it elsewhere) */
+#ifdef GGML_ROPE_TYPE_IMROPE
+#define PYGGML_HAVE_ROPE_IMROPE 1
+#else
+#define PYGGML_HAVE_ROPE_IMROPE 0
+#endif
+
 #if !PYGGML_HAVE_ROPE_SET_OFFSET
 /* never called: rope_set_offset() raises GGMLVersionError first */
 static inline struct ggml_tensor * ggml_rope_set_offset(struct ggml_tensor * a, int n_offs) {

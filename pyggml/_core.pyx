@@ -181,6 +181,7 @@ def build_info():
             "ggml_version": bool(PYGGML_HAVE_GGML_VERSION),
             "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),
             "use_ref": bool(PYGGML_HAVE_USE_REF),
+            "rope_imrope": bool(PYGGML_HAVE_ROPE_IMROPE),
         },
         "kernels": kernel_trust(),
     }

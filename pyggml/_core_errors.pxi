@@ -25,6 +25,7 @@ _STATUS_TABLE = {
     PYGGML_COMPUTE_FAILED: (ComputeError, "{where}: ggml's compute failed: {msg}{detail}", "status"),
     PYGGML_OUT_OF_MEMORY: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
     PYGGML_CXX_EXCEPTION: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
+    PYGGML_LACKS: (GGMLVersionError, "{where}: {msg}{detail}", None),
 }
 
 
@@ -95,7 +96,7 @@ _STATUS_CODES = {
     "PYGGML_PROOF_SIGNAL": PYGGML_PROOF_SIGNAL, "PYGGML_PROOF_EXIT": PYGGML_PROOF_EXIT,
     "PYGGML_PROOF_TIMEOUT": PYGGML_PROOF_TIMEOUT, "PYGGML_SYSTEM": PYGGML_SYSTEM,
     "PYGGML_COMPUTE_FAILED": PYGGML_COMPUTE_FAILED, "PYGGML_OUT_OF_MEMORY": PYGGML_OUT_OF_MEMORY,
-    "PYGGML_CXX_EXCEPTION": PYGGML_CXX_EXCEPTION,
+    "PYGGML_CXX_EXCEPTION": PYGGML_CXX_EXCEPTION, "PYGGML_LACKS": PYGGML_LACKS,
 }
 
 

@@ -24,6 +24,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_FA_N_KV_MAX
         PYGGML_HAVE_PREC_SET
         PYGGML_HAVE_MUL_MAT_SET_HINT
+        PYGGML_HAVE_ROPE_IMROPE
     int pyggml_plan_use_ref(ggml_cplan * plan, int on)
 
 cdef extern from "_compat.h" nogil:

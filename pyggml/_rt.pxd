@@ -30,6 +30,7 @@ cdef extern from "pyggml_rt.h" nogil:
         PYGGML_COMPUTE_FAILED
         PYGGML_OUT_OF_MEMORY
         PYGGML_CXX_EXCEPTION
+        PYGGML_LACKS
         PYGGML_CODE_COUNT
     ctypedef struct pyggml_status:
         int code

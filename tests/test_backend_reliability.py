@@ -306,11 +306,16 @@ def test_closing_a_backend_while_another_thread_computes_on_it_is_refused(what):
         except InUseError:
             print("in-use")
         t.join()
-        print(len(errors))
+        print(",".join(type(e).__name__ for e in errors) or "none")
         be.close()
         print(be)
     """)
-    assert out == ["in-use", "0", "<pyggml.Backend", "CPU", "closed>"]
+    if what == "compare" and out[1:2] == ["GGMLVersionError"]:
+        import pyggml
+        from sources import built_from_the_pin
+        assert not built_from_the_pin()
+        pytest.skip(f"ggml {pyggml.ggml_version()}'s ggml_backend_compare_graph_backend has another signature")
+    assert out == ["in-use", "none", "<pyggml.Backend", "CPU", "closed>"]
 
 
 # --- 6. the scheduler's hash set ------------------------------------------------------------

@@ -163,7 +163,7 @@ def test_version_and_build_info():
     assert info["native"] is None if system else isinstance(info["native"], bool)
     # a system ggml's OpenMP is seen from the libraries loaded (pyggml did not build it)
     assert isinstance(info["openmp"], bool) and info["openmp"] == pyggml._cpu.OPENMP
-    assert set(info["features"]) == {"ggml_version", "flash_attn_back", "use_ref"}
+    assert set(info["features"]) == {"ggml_version", "flash_attn_back", "use_ref", "rope_imrope"}
 
 
 def test_vendored_build_reports_the_pinned_version():

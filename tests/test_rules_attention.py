@@ -99,6 +99,21 @@ def test_rope_mode_the_kernel_lacks():
     assert kernel_verdict(build) == "abort"
 
 
+def test_imrope_is_what_a_ggml_without_it_lacks():
+    # mode 40 (IMROPE): a ggml whose ggml.h lacks it (0.9.4) tests mode & MROPE, takes 40 for
+    # MROPE and rotates by other angles, silently (NMSE 0.02-0.7 against IMROPE there)
+    from sources import built_from_the_pin
+
+    build = rope_build(f32(3, 2, 16), positions(12), 16, 40, sections=(3, 3, 2, 0))
+    if pyggml.build_info()["features"]["rope_imrope"]:
+        with pyggml.Context(1 << 20) as ctx:
+            assert build(ctx).op == "ROPE"       # (its values: the IMROPE samples of test_opinfo)
+        return
+    assert not built_from_the_pin()
+    refused(build, pyggml.GGMLVersionError, r"mode 40 \(IMROPE\) is not in this ggml .* take it for MROPE")
+    assert kernel_verdict(build) == "ok"                # what the refusal stands for: no abort, other values
+
+
 @pytest.mark.parametrize("n_dims", [3, 10])
 def test_rope_n_dims_odd_or_too_large(n_dims):
     build = rope_build(f32(3, 2, 8), positions(3), n_dims, 0)

@@ -29,6 +29,16 @@ int pg_refuse_type(pg_why * why, const char * fmt, ...) {
     return PYGGML_REFUSED_TYPE;
 }
 
+int pg_lacks(pg_why * why, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (why->cap > 0) {
+        vsnprintf(why->buf, why->cap, fmt, ap);
+    }
+    va_end(ap);
+    return PYGGML_LACKS;
+}
+
 int pg_kernel_aborts(pg_why * why, int rc) {
     why->aborts = 1;
     return rc;
@@ -396,7 +406,7 @@ int pyggml_check_node(const struct ggml_tensor * t, pyggml_status * st) {
             }
         }
     }
-    if (rc == PYGGML_REFUSED || rc == PYGGML_REFUSED_TYPE) {
+    if (rc == PYGGML_REFUSED || rc == PYGGML_REFUSED_TYPE || rc == PYGGML_LACKS) {
         st->node = t;
         if (why.defect != NULL) {
             st->defect = why.defect;

@@ -32,6 +32,13 @@ int pg_refuse(pg_why * why, const char * fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* the same, for what the linked ggml lacks (a mode its ggml.h does not define, which its
+ * kernel would take for another): a GGMLVersionError in Python */
+int pg_lacks(pg_why * why, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 /* the same, for a type the kernel does not take (a TypeError in Python) */
 int pg_refuse_type(pg_why * why, const char * fmt, ...)
 #if defined(__GNUC__)

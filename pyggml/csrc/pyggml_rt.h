@@ -49,6 +49,7 @@ enum pyggml_code {
     PYGGML_COMPUTE_FAILED = 13, /* ggml's compute returned how, a ggml_status other than success */
     PYGGML_OUT_OF_MEMORY = 14,  /* ggml's C++ threw std::bad_alloc, or pyggml's runtime ran out */
     PYGGML_CXX_EXCEPTION = 15,  /* ggml's C++ threw another exception */
+    PYGGML_LACKS = 16,          /* a node asks what the linked ggml lacks (a mode its ggml.h does not define) */
     PYGGML_CODE_COUNT
 };
 typedef struct pyggml_status {

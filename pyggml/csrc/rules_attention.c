@@ -86,6 +86,14 @@ int pg_rule_rope(const struct ggml_tensor * t, pg_why * why) {
         return pg_refuse(why, "mode %d is not one the CPU kernel takes (NORMAL 0, NEOX 2, MROPE 8, VISION 24, "
                          "IMROPE 40)", mode);
     }
+#ifndef GGML_ROPE_TYPE_IMROPE
+    /* a ggml from before IMROPE (0.9.4): its kernel tests mode & MROPE, so it takes 40
+     * (binary 101000) for MROPE and rotates by other sections, silently */
+    if (mode == PG_ROPE_IMROPE) {
+        return pg_lacks(why, "mode 40 (IMROPE) is not in this ggml (its ggml.h has no GGML_ROPE_TYPE_IMROPE): its "
+                        "rope kernel would take it for MROPE (40 & 8) and rotate by other angles");
+    }
+#endif
     if (n_dims < 0 || n_dims % 2 != 0 || n_dims > ne0) {
         return pg_refuse(why, "n_dims must be even and in [0, ne0 = %lld], got %d", (long long) ne0, n_dims);
     }

@@ -20,8 +20,34 @@ import pyggml
 from pyggml import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
 
-__all__ = ["Result", "compute", "grad_check", "gradients", "kernel_verdict", "nmse", "reference", "rules_disabled",
-           "run", "stored"]
+__all__ = ["Result", "compute", "grad_check", "gradients", "kernel_verdict", "nmse", "reference", "release_abort",
+           "rules_cover_the_linked_ggml", "rules_disabled", "run", "stored"]
+
+
+def rules_cover_the_linked_ggml() -> bool:
+    """Whether pyggml's rules were written against every CPU kernel of the linked ggml
+    (each kernel's fingerprint is one ``kernels.txt`` names: the pinned release's, or one
+    reviewed). There, ggml aborting on a sample the rules let through is a pyggml defect. On
+    any other ggml (a prebuilt one, whose kernels cannot be fingerprinted; a tree whose
+    kernels changed) no rule is taken on trust: each graph is proven in a forked child first,
+    and an abort caught there, or at a builder, is that release's own contract."""
+    kernels = pyggml.build_info()["kernels"]
+    return bool(kernels["known"]) and not kernels["untrusted"]
+
+
+def release_abort(e: BaseException) -> str | None:
+    """Why ``e`` is the linked release's own refusal of a sample, not a defect of pyggml or
+    of ggml (None: it is not): ggml aborting (a builder's or a kernel's ``GGML_ASSERT``,
+    caught) on a ggml the rules do not cover (:func:`rules_cover_the_linked_ggml`), or a
+    feature this ggml lacks (:class:`pyggml.GGMLVersionError`). A kernel that hangs
+    (:class:`pyggml.KernelTimeout`) is never one: it is a defect wherever it is seen."""
+    version = pyggml.ggml_version()
+    if isinstance(e, pyggml.GGMLVersionError):
+        return f"ggml {version} lacks what this sample needs: {e}"
+    if isinstance(e, pyggml.GGMLAbort) and not isinstance(e, pyggml.KernelTimeout) \
+            and not rules_cover_the_linked_ggml():
+        return f"ggml {version} aborts on this sample (caught; its rules and kernels are not pyggml's): {e}"
+    return None
 
 
 @contextlib.contextmanager

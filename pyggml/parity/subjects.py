@@ -37,8 +37,10 @@ def _outcome_of(e: GGMLError) -> Outcome:
         if e.defect == "kernel-out-of-bounds":
             return Outcome(verdict="oob", detail=str(e), defect=e.defect)
         return Outcome(verdict="refused", detail=str(e), defect=e.defect)
-    if isinstance(e, GGMLVersionError):
-        return Outcome(verdict="skipped", detail=str(e))
+    # what this ggml lacks, or an abort caught on a ggml pyggml's rules do not cover
+    why = harness.release_abort(e)
+    if why is not None:
+        return Outcome(verdict="skipped", detail=why)
     return Outcome(verdict="error", detail=f"{type(e).__name__}: {e}")
 
 
