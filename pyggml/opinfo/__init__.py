@@ -91,6 +91,9 @@ class OpInfo:
     args in order (for a reference that reads byte offsets or strides).
     ``unsampled``: types the kernel rule accepts that no sample holds, each with why
     (tests/test_opinfo.py: every type the rule accepts is in ``types`` or here).
+    ``canon``: what of the result ggml promises, where it promises less than every bit of
+    it: every path's result and the reference are compared after it (top_k: each row's
+    indices sorted, since ggml leaves their order unspecified).
     """
     op: str
     ref: Callable[..., Any]
@@ -103,6 +106,7 @@ class OpInfo:
     note: str = ""
     typed_ref: bool = False
     unsampled: dict[Type, str] = dataclasses.field(default_factory=dict)
+    canon: Callable[[np.ndarray], np.ndarray] | None = None
 
     def tolerance(self, t: Type) -> float:
         return self.tol.get(t, TOL.get(t, 1e-7))
