@@ -30,14 +30,14 @@ its rules do not cover) is skipped, not listed here: conftest.py's ``pytest_runt
 # {ggml version: {test node id (with or without its parameters): why it fails there}}
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     # ggml 0.9.4 (``pypi:libggml-python==0.9.4``, a prebuilt ggml: no kernel fingerprinted, every
-    # graph proven), 2026-12-03: 646 tests failed before this list. 576 were that release
-    # refusing a sample itself, which the suite now skips, saying why (conftest.py,
-    # harness.release_abort): builder asserts (unary ops on rows that are not contiguous,
-    # SET_ROWS of a non-F32 source, FLASH_ATTN_EXT's mask padded to GGML_KQ_MASK_PAD) and kernel
-    # asserts the proof caught (F16-only im2col/conv kernels, POOL_1D with padding, norms of
-    # strided rows), and features it lacks (ops, ggml_cplan.use_ref, GGML_TENSOR_FLAG_COMPUTE).
-    # 18 were IMROPE samples computed as MROPE, silently: pyggml now refuses mode 40 where
-    # ggml.h lacks it (GGMLVersionError). These remain, each a finding about 0.9.4:
+    # graph proven), 2026-12-03: 639 tests failed before this list, none crashed or hung. Most were
+    # that release refusing a sample itself, which the suite now skips, saying why (conftest.py,
+    # harness.release_abort; 358 tests there): builder asserts (unary ops on rows that are not
+    # contiguous, SET_ROWS of a non-F32 source, FLASH_ATTN_EXT's mask padded to GGML_KQ_MASK_PAD),
+    # kernel asserts the proof caught (F16-only im2col/conv kernels, POOL_1D with padding, norms
+    # of strided rows), and features it lacks (ops, ggml_cplan.use_ref, GGML_TENSOR_FLAG_COMPUTE).
+    # 14 were IMROPE samples computed as MROPE, silently: pyggml now refuses mode 40 where ggml.h
+    # lacks it (GGMLVersionError). These 53 tests remain, each a finding about 0.9.4:
     "0.9.4": {
         "tests/test_opinfo.py::test_op_matches_reference[top_k-*":
             "ggml_top_k is ARGSORT + VIEW there (no GGML_OP_TOP_K): the result's op is VIEW, not the "
