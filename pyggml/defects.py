@@ -28,6 +28,10 @@ class Defect:
     # ("check:function") that let a sanitized build (scripts/sanitize.py) run past it and no
     # further (anything else UBSan reports stays fatal)
     ubsan: tuple[str, ...] = ()
+    # the tests that show it on the linked ggml where there is no probe: each runs ggml's own
+    # code (rules off, or autodiff) and asserts the defect's symptom, so that a release in
+    # seen_in is one where they passed
+    shown_by: tuple[str, ...] = ()
     # the first release measured (by the probe, or the test that shows it) where it is gone,
     # after the releases in seen_in; "" while every release measured has it
     fixed_in: str = ""
@@ -113,7 +117,8 @@ DEFECTS: tuple[Defect, ...] = (
               "(nb0 where nb3 belongs)",
         action="refused with UpstreamDefect for a quantized src0 with ne3 > 1 (tests/test_rules_arith.py shows "
                "the wrong values with the rule off)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_arith.py::test_add1_of_a_quantized_batch_is_refused_and_really_wrong",),
     ),
     Defect(
         id="acc-bounds-check",
@@ -124,7 +129,8 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect when the last element would end past the result (a write of up "
                "to 3 bytes past it, which pyggml's guarded proof catches); reachable only with an offset that "
                "is not a multiple of 4, for aligned offsets the check is exact",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_arith.py::test_acc_past_the_end_is_refused_and_really_out_of_bounds",),
     ),
     Defect(
         id="count-equal-row-index",
@@ -134,7 +140,8 @@ DEFECTS: tuple[Defect, ...] = (
               "i01 = ir - i03*ne03 - i02*ne02, where i03*ne02*ne01 and i02*ne01 belong",
         action="refused with UpstreamDefect unless (ne03 == 1 or ne03 == ne01*ne02) and (ne02 == 1 or "
                "ne02 == ne01), the shapes where the index is right (checked exhaustively); reshape to 2-D",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_reduce.py::test_count_equal_row_index_defect_counts_wrong_rows",),
     ),
     Defect(
         id="mean-grad-accumulate",
@@ -152,7 +159,9 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp rope_flt: the tail copy steps i0 += 2 and copies [i0 + 1]; in VISION mode the "
               "extra pair (n_dims, 2*n_dims) rotates element n_dims twice",
         action="refused with UpstreamDefect (out of bounds on the last row; a race on the next row with threads)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_rope_odd_ne0_runs_past_the_rows",
+                  "tests/test_rules_attention.py::test_rope_odd_ne0_inside_a_tensor_turns_the_wrong_elements"),
     ),
     Defect(
         id="rope-freq-factors-oob",
@@ -161,7 +170,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_rope_cache_init / ggml_mrope_cache_init read c[i0/2] for every i0 < ne0; "
               "the builder asserts only c.ne0 >= n_dims/2",
         action="refused with UpstreamDefect when c.ne0 < ne0/2 (pyggml's guarded proof sees the read)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_rope_freq_factors_past_n_dims",),
     ),
     Defect(
         id="rope-vision-section-reset",
@@ -170,7 +180,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_mrope_cache_init: the else-if chain that resets theta per section",
         action="refused with UpstreamDefect when replaying the chain shows the wrong angle (sections (2,0,2,0): "
                "NMSE 0.55 against the reference)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_rope_vision_section_after_an_empty_one",),
     ),
     Defect(
         id="get-rel-pos-bf16",
@@ -178,7 +189,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("GET_REL_POS",),
         where="ggml.c ggml_get_rel_pos makes an F16 result whatever a's type; the CPU kernel copies the bits",
         action="refused with UpstreamDefect for a BF16 a",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_get_rel_pos_bf16_result_holds_bf16_bits",),
     ),
     Defect(
         id="add-rel-pos-ne3",
@@ -186,7 +198,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("ADD_REL_POS",),
         where="ggml-cpu/ops.cpp ggml_compute_forward_add_rel_pos_f32 loops over pw->ne[3] == a->ne[2] only",
         action="refused with UpstreamDefect for a.ne3 > 1 (the other slices would be copied unchanged)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_add_rel_pos_ignores_a_ne3",),
     ),
     Defect(
         id="soft-max-alibi-grad",
@@ -204,7 +217,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_rwkv_wkv7_f32, GGML_SIMD branch: "
               "for (; j < head_size; j += GGML_F32_STEP) with no tail (\"There shouldn't be left-overs\")",
         action="refused with UpstreamDefect where head_size % step != 0 (the step of this CPU's build)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_recurrent.py::test_wkv7_head_size_and_the_simd_step",),
     ),
     Defect(
         id="wkv-tokens-per-seq-oob",
@@ -213,7 +227,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7"),
         where="ggml-cpu/ops.cpp: state_offset = head_size*C*(t / (T/n_seqs)); the builders never assert T % n_seqs",
         action="refused with UpstreamDefect (fewer tokens than sequences divides by zero: refused too)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_recurrent.py::test_wkv_ops_need_whole_sequences",),
     ),
     Defect(
         id="recurrent-zero-tokens-state",
@@ -221,7 +236,9 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7", "SSM_SCAN"),
         where="ggml-cpu/ops.cpp: the token loop is the kernels' only writer of the states",
         action="refused with UpstreamDefect (the result would hold stale memory where the input state belongs)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_recurrent.py::test_wkv_ops_with_no_tokens_are_an_upstream_defect",
+                  "tests/test_rules_recurrent.py::test_ssm_scan_with_no_tokens_is_an_upstream_defect"),
     ),
     Defect(
         id="gelu-quick-f32-table-overflow",
@@ -231,7 +248,8 @@ DEFECTS: tuple[Defect, ...] = (
               "table without the clamp ggml_vec_gelu_f32 has",
         action="not refused (it depends on values): pyggml.opinfo's samples stay in range; "
                "tests/test_rules_activation.py shows it",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_activation.py::test_gelu_quick_f32_table_overflows_past_f16_range",),
     ),
     Defect(
         id="expm1-cancellation",
@@ -239,7 +257,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("UNARY",),
         where="ggml-cpu/unary-ops.cpp op_expm1",
         action="not refused (it depends on values): 19% off at |x| = 1e-7, 0 below 3e-8; shown by a test",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_math.py::test_expm1_loses_relative_precision_near_zero",),
     ),
     Defect(
         id="softplus-underflow",
@@ -247,7 +266,8 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("UNARY",),
         where="ggml-cpu/unary-ops.cpp op_softplus",
         action="not refused (it depends on values): shown by a test",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_math.py::test_softplus_underflows_for_negative_inputs",),
     ),
     Defect(
         id="fattn-f16-v-accumulator",
@@ -256,7 +276,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp flash_attn_ext with F16 V (fewer than 64 rows, or the split-KV path)",
         action="not refused (precision): NMSE ~1e-5 at 500 keys against 5e-8 with an F32 V; "
                "tests/test_rules_attention.py bounds it",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_attention.py::test_fa_split_kv_f16_accumulates_in_f16",),
     ),
     Defect(
         id="set-bounds-off-by-one",
@@ -286,7 +307,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_dup_bytes, 'dst contiguous' branch: ne00 * type_size bytes "
               "per row, counting elements as blocks",
         action="refused with UpstreamDefect (tests/test_rules_layout.py shows the out-of-bounds write)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_layout.py::test_dup_bytes_quantized_reshape_overruns",),
     ),
     Defect(
         id="add-q-no-from-float",
@@ -357,7 +379,8 @@ DEFECTS: tuple[Defect, ...] = (
               "ggml-cpu.c ggml_graph_plan reserves it only for quantized results, F16 <-> BF16 and F32 <-> I32",
         action="refused with UpstreamDefect (the kernel is right when another node asks for a work buffer: "
                "tests/test_rules_layout.py)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_layout.py::test_cpy_f16_to_i32_lacks_its_work_buffer",),
     ),
     Defect(
         id="cpy-to-q-work-size",
@@ -377,7 +400,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, cases GGML_OP_VIEW (ggml_acc_or_set: ACC writes src0 + b row by row, "
               "overwriting where it should add) and GGML_OP_SET (b gets the gradient of elements it overwrote)",
         action="build_backward_expand refuses the graph with UpstreamDefect (csrc/backward.c)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_layout.py::test_view_gradient_with_overlapping_rows_is_refused",),
     ),
     Defect(
         id="get-rows-back-strided-index",
@@ -387,7 +411,9 @@ DEFECTS: tuple[Defect, ...] = (
               "ggml.c ggml_compute_backward passes GET_ROWS's indices as they are",
         action="refused with UpstreamDefect (a strided index vector: the gradient of other rows, or a read "
                "past the indices)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_layout.py::test_get_rows_gradient_with_a_strided_index_vector_is_refused",
+                  "tests/test_rules_backward.py::test_get_rows_back_reads_its_indices_as_an_array"),
     ),
     Defect(
         id="pool-2d-back-f16-oob",
@@ -396,7 +422,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_pool_2d_back reads src1 as dst->type (always F32); "
               "ggml_pool_2d accepts F16 input",
         action="refused with UpstreamDefect (autodiff of pool_2d on F16 input reads past it)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_backward.py::test_rule_refuses_what_the_kernel_fails_on",),
     ),
     Defect(
         id="mul-mat-broadcast-grad",
@@ -405,7 +432,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, case GGML_OP_MUL_MAT: GGML_ASSERT(tmp->ne[3] == 1) before summing "
               "a's gradient over the broadcast",
         action="build_backward_expand refuses the graph with UpstreamDefect before ggml would abort",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_matmul.py::test_upstream_mul_mat_backward_aborts_for_a_broadcast_a_and_a_4d_b",),
     ),
     Defect(
         id="backward-strided-grad",
@@ -415,7 +443,8 @@ DEFECTS: tuple[Defect, ...] = (
               "SILU_BACK then computes wrong values, the others abort",
         action="the *_BACK kernel rules (csrc/rules_backward.c) refuse such nodes in build_backward_expand "
                "with KernelPreconditionError",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_backward.py::test_upstream_autodiff_hands_row_kernels_a_transposed_gradient",),
     ),
     Defect(
         id="cross-entropy-grad-label-sum",
@@ -424,7 +453,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_cross_entropy_loss_back: (softmax(a) - b) / rows drops the "
               "softmax term's factor sum(b)",
         action="documented only: the labels are data (NMSE 0.94 for U(0,1) labels; tests/test_rules_train.py)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_train.py::test_upstream_cross_entropy_gradient_assumes_labels_sum_to_one",),
     ),
     Defect(
         id="conv-transpose-2d-batch",
@@ -451,7 +481,8 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect for the sizes where the float32 index differs from the exact one "
                "(found in bounded time: rules_conv.c); conservatively also for an axis past 2**23 positions "
                "that pyggml cannot settle in bounded time (the refusal says so)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_conv.py::test_upscale_nearest_index_rounding_is_an_upstream_defect",),
     ),
     Defect(
         id="upscale-antialias-align-corners",
@@ -461,7 +492,8 @@ DEFECTS: tuple[Defect, ...] = (
               "with pixel offset 0, which drops a tap of positive weight ([0, 1] -> 3 gives [0, 0, 1])",
         action="refused with UpstreamDefect where a tap is dropped; conservatively also for an axis past "
                "2**17 positions its bounded probes do not settle (the refusal says so)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_conv.py::test_upscale_antialias_with_aligned_corners_is_an_upstream_defect",),
     ),
     Defect(
         id="pool-2d-fractional-padding",
@@ -470,7 +502,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_pool_2d computes the result size with the float padding and stores it as int32 "
               "for the kernel (p0 = 0.5 on 4 columns: an extra window hanging off the end)",
         action="refused with UpstreamDefect for a padding that is not a whole number",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_conv.py::test_pool_2d_fractional_padding_is_an_upstream_defect",),
     ),
     Defect(
         id="conv-1d-batch-layout",
@@ -480,7 +513,8 @@ DEFECTS: tuple[Defect, ...] = (
               "(upstream ggml-org/llama.cpp PR #28738, open)",
         action="conv_1d and conv_1d_ph refuse b.ne[2] > 1 with UpstreamDefect before the builder runs "
                "(pyggml/_prechecks.py; tests/test_rules_conv.py shows the scramble)",
-        seen_in=("0.20.2",),
+        seen_in=("0.20.2", "0.25.3"),
+        shown_by=("tests/test_rules_conv.py::test_conv_1d_with_a_batch_is_refused_and_really_scrambled",),
     ),
     Defect(
         id="conv-2d-dw-f32-kernel",

@@ -762,3 +762,19 @@ def test_a_known_failure_names_a_test_with_or_without_its_parameters(monkeypatch
     assert expectations.known_failure("tests/test_x.py::test_one[b]", "9.9.9") == "one"
     assert expectations.known_failure("tests/test_x.py::test_one[c]", "9.9.9") is None
     assert expectations.known_failure("tests/test_x.py::test_all[a-1]", "0.20.2") is None
+
+
+def test_a_sweep_s_bad_rows_are_known_where_the_release_s_tests_record_them():
+    # a sweep row is the case of test_op_matches_reference[op-type-index] (the same seeds):
+    # known exactly where tests/expectations.py records that test for the release
+    def row(subject, op, type_, index, verdict):
+        return {"subject": subject, "op": op, "type": type_, "index": index, "verdict": verdict}
+    rows = [row("op:top_k", "top_k", "F32", 3, "fail"),              # 0.9.4: top_k-* recorded
+            row("op:concat", "concat", "Q8_0", 1, "oob"),            # 0.9.4: concat-Q8_0-1 recorded
+            row("op:concat", "concat", "Q8_0", 7, "oob"),            # not recorded
+            row("grad:exp", "exp", "F32", 0, "fail"),                # gradients: never known
+            row("op:add", "add", "F32", 0, "ok"), row("op:add", "add", "F32", 1, "skipped")]
+    assert ci.known_sweep_findings(rows, "0.9.4") == (4, 2)
+    assert ci.known_sweep_findings(rows, "0.25.3") == (4, 0)
+    assert ci.known_sweep_findings(rows, None) == (4, 0)
+    assert ci.known_sweep_findings(rows[4:], "0.9.4") == (0, 0)

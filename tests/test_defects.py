@@ -72,6 +72,26 @@ def test_every_probe_a_record_names_is_a_function_of_the_probes_module():
     assert sorted(set(named)) == sorted(named)          # one record per probe
 
 
+def test_a_record_without_a_probe_names_the_tests_that_show_it_on_the_releases_it_names():
+    """seen_in is measured: without a probe, by the tests in shown_by (each runs ggml's own
+    code and asserts the symptom), which run on the pinned release in every CI run; a record
+    names the pinned release only with such tests, and each names a test that exists (and
+    the defect)."""
+    pinned = pyggml.build_info()["kernels"]["pinned_release"]
+    shown = 0
+    for d in defects.DEFECTS:
+        for node in d.shown_by:
+            path, _, name = node.partition("::")
+            text = (ROOT / path).read_text() if (ROOT / path).exists() else ""
+            assert re.search(rf"^def {re.escape(name)}\(", text, re.M), f"{d.id}: no test {node}"
+            assert d.id in text, f"{d.id}: {path} does not name the defect"
+        # (undefined behaviour is shown by the sanitizer stage, which halts on it unsuppressed)
+        if not d.probe and not d.ubsan and pinned in d.seen_in and d.id != "kernel-out-of-bounds":
+            assert d.shown_by, f"{d.id}: seen in {pinned} by no probe and no test"
+        shown += bool(d.shown_by)
+    assert shown >= 27
+
+
 def test_the_registry_loads_without_pyggml():
     # scripts/sanitize.py reads the UBSan suppressions from this file before any build
     import ast

@@ -375,8 +375,8 @@ def _fa_decode(kt, n_kv=512):
 
 
 def test_fa_split_kv_f16_accumulates_in_f16():
-    # with F16 V the one-chunk kernel (fewer than 64 query rows, and the split-KV decode path:
-    # 1 query, >= 512 keys) accumulates softmax*V in F16 (VKQ16, ggml_vec_mad_f16), whatever
+    # the defect fattn-f16-v-accumulator: with F16 V the one-chunk kernel (fewer than 64 query
+    # rows, and the split-KV decode path: 1 query, >= 512 keys) accumulates softmax*V in F16 (VKQ16, ggml_vec_mad_f16), whatever
     # the precision asked for: the error grows with n_kv, far past the F16 rounding of q
     # (measured NMSE ~1e-5 at 500 keys, 5e-8 with an F32 V; the tiled path, >= 64 queries,
     # accumulates in F32)

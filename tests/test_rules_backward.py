@@ -217,6 +217,7 @@ def test_cross_entropy_loss_back_walks_rows_with_nb1(which):
 
 
 def test_get_rows_back_reads_its_indices_as_an_array():
+    # the defect get-rows-back-strided-index, in the kernel itself (rules off)
     a = rnd((3, 4), 10)
 
     def build(ctx):
