@@ -778,3 +778,10 @@ def test_a_sweep_s_bad_rows_are_known_where_the_release_s_tests_record_them():
     assert ci.known_sweep_findings(rows, "0.25.3") == (4, 0)
     assert ci.known_sweep_findings(rows, None) == (4, 0)
     assert ci.known_sweep_findings(rows[4:], "0.9.4") == (0, 0)
+    # the matrix table says how many of a spec's bad rows are recorded findings
+    base = {"spec": "pypi:libggml-python==0.9.4", "ggml_version": "0.9.4", "built": True, "tests_ok": True,
+            "worst_nmse": 1.0, "seconds": 1.0, "known_defects": []}
+    text = ci.table([{**base, "parity_ok": True, "parity": {"known_findings": 61}}])
+    assert "pypi:libggml-python==0.9.4: 61 of its sweep's bad rows are findings recorded for ggml 0.9.4" in text
+    text = ci.table([{**base, "parity_ok": False, "parity": {"known_findings": 2}}])
+    assert "recorded for ggml 0.9.4 (tests/expectations.py); the others are not" in text
