@@ -9,34 +9,36 @@
 #include "rules.h"
 #include "pyggml_kernels.h"
 
-int pg_refuse(pg_why * why, const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+/* why's words from fmt, and the outcome rc */
+static int say(pg_why * why, int rc, const char * fmt, va_list ap) {
     if (why->cap > 0) {
         vsnprintf(why->buf, why->cap, fmt, ap);
     }
+    return rc;
+}
+
+int pg_refuse(pg_why * why, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = say(why, PYGGML_REFUSED, fmt, ap);
     va_end(ap);
-    return PYGGML_REFUSED;
+    return rc;
 }
 
 int pg_refuse_type(pg_why * why, const char * fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (why->cap > 0) {
-        vsnprintf(why->buf, why->cap, fmt, ap);
-    }
+    int rc = say(why, PYGGML_REFUSED_TYPE, fmt, ap);
     va_end(ap);
-    return PYGGML_REFUSED_TYPE;
+    return rc;
 }
 
 int pg_lacks(pg_why * why, const char * fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (why->cap > 0) {
-        vsnprintf(why->buf, why->cap, fmt, ap);
-    }
+    int rc = say(why, PYGGML_LACKS, fmt, ap);
     va_end(ap);
-    return PYGGML_LACKS;
+    return rc;
 }
 
 int pg_kernel_aborts(pg_why * why, int rc) {
