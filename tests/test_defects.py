@@ -168,3 +168,18 @@ def test_the_sanitized_build_suppresses_exactly_the_recorded_upstream_ub(tmp_pat
     lines = script.write_suppressions(tmp_path).read_text().splitlines()
     assert [x for x in lines if not x.startswith("#")] == want
     assert "-fno-sanitize-recover" not in script.FLAGS     # (a fatal check would ignore the suppressions)
+
+
+def test_the_index_of_defects_is_what_the_records_say():
+    # docs/upstream-defects-index.md is generated from the records (scripts/defects_doc.py)
+    doc = load_script("defects_doc", "defects_doc_under_test")
+    text = doc.render()
+    assert (ROOT / "docs" / "upstream-defects-index.md").read_text() == text, \
+        "run python scripts/defects_doc.py"
+    for d in defects.DEFECTS:
+        assert f"### `{d.id}`: {d.title}" in text
+    pinned = pyggml.build_info()["kernels"]["pinned_release"]
+    present = text.split(f"## Present in ggml {pinned}")[1].split("\n## ")[0]
+    assert all(f"`{d.id}`" in present for d in defects.DEFECTS if pinned in d.seen_in and not d.fixed_in)
+    assert "`add1-grad-mean`" not in present            # a refusal alone measures nothing
+    assert doc.main(["--check"]) == 0
