@@ -98,7 +98,8 @@ DEFECTS: tuple[Defect, ...] = (
               "(\"TODO: should probably be sum instead of mean\")",
         action="build_backward_expand refuses a graph where an ADD1's b needs a gradient (UpstreamDefect); "
                "the gradient check of pyggml.opinfo shows the factor",
-        seen_in=("0.20.2",),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
+        shown_by=("tests/test_autodiff.py::test_upstream_add1_gradient_is_the_mean_where_the_sum_belongs",),
     ),
     Defect(
         id="sub-div-broadcast-grad",
@@ -107,7 +108,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, cases GGML_OP_SUB/GGML_OP_DIV: the gradient of b is not reduced "
               "with ggml_repeat_back (ADD and MUL do it), then GGML_ASSERT(ggml_are_same_shape(src1, grad))",
         action="build_backward_expand refuses the graph with UpstreamDefect before ggml would abort",
-        seen_in=("0.20.2",),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
+        shown_by=("tests/test_autodiff.py::test_upstream_sub_div_gradient_of_a_broadcast_b_aborts",),
     ),
     Defect(
         id="add1-quantized-batch",
@@ -150,7 +152,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, case GGML_OP_MEAN: ggml_add1_or_set with a [1, ne1, ne2, ne3] "
               "gradient; when src0 already has one, ggml_add1_impl asserts ggml_is_scalar(b)",
         action="build_backward_expand refuses such a graph with UpstreamDefect before ggml would abort",
-        seen_in=("0.20.2",),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
+        shown_by=("tests/test_autodiff.py::test_upstream_mean_gradient_with_another_gradient_aborts",),
     ),
     Defect(
         id="rope-odd-ne0",
@@ -208,7 +211,8 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward passes max_bias to ggml_soft_max_ext_back, whose CPU kernel asserts "
               "max_bias == 0 (ggml-cpu/ops.cpp ggml_compute_forward_soft_max_ext_back_f32)",
         action="build_backward_expand refuses such a graph with UpstreamDefect",
-        seen_in=("0.20.2",),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
+        shown_by=("tests/test_autodiff.py::test_upstream_soft_max_alibi_gradient_aborts_at_compute",),
     ),
     Defect(
         id="wkv7-simd-tail-oob",

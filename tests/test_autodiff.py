@@ -210,3 +210,62 @@ def test_mean_of_a_tensor_with_another_gradient_is_refused_as_a_known_defect(ctx
     g2.build_backward_expand()
     g2.compute(1)
     np.testing.assert_allclose(g2.grad(q).numpy(), np.full((3, 4), 0.25))
+
+
+# --- ggml's own backward pass on what pyggml refuses: the defects, shown with the rules off
+# (rules_disabled turns the backward checks off too; ggml's aborts are caught, the compute
+# is proven in a forked child)
+
+def _backward(ctx, loss, params):
+    for p in params:
+        pyggml.set_param(p)
+    pyggml.set_loss(loss)
+    g = pyggml.Graph(ctx, 256, grads=True)
+    g.build_forward_expand(loss)
+    g.build_backward_expand()
+    return g
+
+
+def test_upstream_add1_gradient_is_the_mean_where_the_sum_belongs():
+    # the defect add1-grad-mean: d sum(a + b) / db is the number of elements of a (6); ggml
+    # gives the mean of the gradient (1). (A 1-D a: ggml_mean is per row, and a 2-D a's
+    # gradient of b is not even a scalar, which ggml asserts.)
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        a = ctx.from_numpy(np.arange(6, dtype=np.float32))
+        b = ctx.from_numpy(np.array([0.5], np.float32))
+        g = _backward(ctx, pyggml.sum(ctx, pyggml.add1(ctx, a, b)), [a, b])
+        g.compute(1)
+        np.testing.assert_array_equal(g.grad(a).numpy(), np.ones(6, np.float32))
+        assert float(g.grad(b).numpy()[0]) == 1.0       # the sum, 6, belongs here
+
+
+@pytest.mark.parametrize("op", ["sub", "div"])
+def test_upstream_sub_div_gradient_of_a_broadcast_b_aborts(op):
+    # the defect sub-div-broadcast-grad: b's gradient keeps a's shape (no repeat_back)
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        a = ctx.from_numpy(np.full((3, 4), 2.0, np.float32))
+        b = ctx.from_numpy(np.full((1, 4), 2.0, np.float32))
+        with pytest.raises(pyggml.GGMLAbort, match="ggml_are_same_shape"):
+            _backward(ctx, pyggml.sum(ctx, getattr(pyggml, op)(ctx, a, b)), [a, b])
+
+
+def test_upstream_mean_gradient_with_another_gradient_aborts():
+    # the defect mean-grad-accumulate: MEAN's [1, ne1, ...] gradient reaches ggml_add1
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        p = ctx.from_numpy(np.ones((3, 4), np.float32))
+        loss = pyggml.add(ctx, pyggml.sum(ctx, pyggml.mean(ctx, p)), pyggml.sum(ctx, pyggml.sqr(ctx, p)))
+        with pytest.raises(pyggml.GGMLAbort, match="ggml_is_scalar"):
+            _backward(ctx, loss, [p])
+
+
+def test_upstream_soft_max_alibi_gradient_aborts_at_compute():
+    # the defect soft-max-alibi-grad: the backward node carries max_bias, its kernel asserts 0
+    rng = np.random.default_rng(0)
+    with rules_disabled(), pyggml.Context(16 << 20) as ctx:
+        a = ctx.from_numpy(rng.standard_normal((1, 4, 3, 6)).astype(np.float32))
+        m = ctx.from_numpy(rng.standard_normal((1, 1, 3, 6)).astype(np.float32))
+        y = pyggml.soft_max_ext(ctx, a, m, 0.5, 8.0)
+        w = ctx.from_numpy(rng.standard_normal((1, 4, 3, 6)).astype(np.float32))
+        g = _backward(ctx, pyggml.sum(ctx, pyggml.mul(ctx, y, w)), [a])
+        with pytest.raises(pyggml.GGMLAbort, match="max_bias"):
+            g.compute(1)
