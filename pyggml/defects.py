@@ -119,7 +119,7 @@ DEFECTS: tuple[Defect, ...] = (
               "(nb0 where nb3 belongs)",
         action="refused with UpstreamDefect for a quantized src0 with ne3 > 1 (tests/test_rules_arith.py shows "
                "the wrong values with the rule off)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_arith.py::test_add1_of_a_quantized_batch_is_refused_and_really_wrong",),
     ),
     Defect(
@@ -131,7 +131,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect when the last element would end past the result (a write of up "
                "to 3 bytes past it, which pyggml's guarded proof catches); reachable only with an offset that "
                "is not a multiple of 4, for aligned offsets the check is exact",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_arith.py::test_acc_past_the_end_is_refused_and_really_out_of_bounds",),
     ),
     Defect(
@@ -142,7 +142,7 @@ DEFECTS: tuple[Defect, ...] = (
               "i01 = ir - i03*ne03 - i02*ne02, where i03*ne02*ne01 and i02*ne01 belong",
         action="refused with UpstreamDefect unless (ne03 == 1 or ne03 == ne01*ne02) and (ne02 == 1 or "
                "ne02 == ne01), the shapes where the index is right (checked exhaustively); reshape to 2-D",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_reduce.py::test_count_equal_row_index_defect_counts_wrong_rows",),
     ),
     Defect(
@@ -162,7 +162,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp rope_flt: the tail copy steps i0 += 2 and copies [i0 + 1]; in VISION mode the "
               "extra pair (n_dims, 2*n_dims) rotates element n_dims twice",
         action="refused with UpstreamDefect (out of bounds on the last row; a race on the next row with threads)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_rope_odd_ne0_runs_past_the_rows",
                   "tests/test_rules_attention.py::test_rope_odd_ne0_inside_a_tensor_turns_the_wrong_elements"),
     ),
@@ -173,7 +173,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_rope_cache_init / ggml_mrope_cache_init read c[i0/2] for every i0 < ne0; "
               "the builder asserts only c.ne0 >= n_dims/2",
         action="refused with UpstreamDefect when c.ne0 < ne0/2 (pyggml's guarded proof sees the read)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_rope_freq_factors_past_n_dims",),
     ),
     Defect(
@@ -183,7 +183,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_mrope_cache_init: the else-if chain that resets theta per section",
         action="refused with UpstreamDefect when replaying the chain shows the wrong angle (sections (2,0,2,0): "
                "NMSE 0.55 against the reference)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_rope_vision_section_after_an_empty_one",),
     ),
     Defect(
@@ -192,7 +192,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("GET_REL_POS",),
         where="ggml.c ggml_get_rel_pos makes an F16 result whatever a's type; the CPU kernel copies the bits",
         action="refused with UpstreamDefect for a BF16 a",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_get_rel_pos_bf16_result_holds_bf16_bits",),
     ),
     Defect(
@@ -201,7 +201,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("ADD_REL_POS",),
         where="ggml-cpu/ops.cpp ggml_compute_forward_add_rel_pos_f32 loops over pw->ne[3] == a->ne[2] only",
         action="refused with UpstreamDefect for a.ne3 > 1 (the other slices would be copied unchanged)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_add_rel_pos_ignores_a_ne3",),
     ),
     Defect(
@@ -221,7 +221,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_rwkv_wkv7_f32, GGML_SIMD branch: "
               "for (; j < head_size; j += GGML_F32_STEP) with no tail (\"There shouldn't be left-overs\")",
         action="refused with UpstreamDefect where head_size % step != 0 (the step of this CPU's build)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_recurrent.py::test_wkv7_head_size_and_the_simd_step",),
     ),
     Defect(
@@ -231,7 +231,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7"),
         where="ggml-cpu/ops.cpp: state_offset = head_size*C*(t / (T/n_seqs)); the builders never assert T % n_seqs",
         action="refused with UpstreamDefect (fewer tokens than sequences divides by zero: refused too)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_recurrent.py::test_wkv_ops_need_whole_sequences",),
     ),
     Defect(
@@ -252,7 +252,7 @@ DEFECTS: tuple[Defect, ...] = (
               "table without the clamp ggml_vec_gelu_f32 has",
         action="not refused (it depends on values): pyggml.opinfo's samples stay in range; "
                "tests/test_rules_activation.py shows it",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_activation.py::test_gelu_quick_f32_table_overflows_past_f16_range",),
     ),
     Defect(
@@ -261,7 +261,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("UNARY",),
         where="ggml-cpu/unary-ops.cpp op_expm1",
         action="not refused (it depends on values): 19% off at |x| = 1e-7, 0 below 3e-8; shown by a test",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_math.py::test_expm1_loses_relative_precision_near_zero",),
     ),
     Defect(
@@ -270,7 +270,7 @@ DEFECTS: tuple[Defect, ...] = (
         ops=("UNARY",),
         where="ggml-cpu/unary-ops.cpp op_softplus",
         action="not refused (it depends on values): shown by a test",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_math.py::test_softplus_underflows_for_negative_inputs",),
     ),
     Defect(
@@ -280,7 +280,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp flash_attn_ext with F16 V (fewer than 64 rows, or the split-KV path)",
         action="not refused (precision): NMSE ~1e-5 at 500 keys against 5e-8 with an F32 V; "
                "tests/test_rules_attention.py bounds it",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_attention.py::test_fa_split_kv_f16_accumulates_in_f16",),
     ),
     Defect(
@@ -311,7 +311,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_dup_bytes, 'dst contiguous' branch: ne00 * type_size bytes "
               "per row, counting elements as blocks",
         action="refused with UpstreamDefect (tests/test_rules_layout.py shows the out-of-bounds write)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_layout.py::test_dup_bytes_quantized_reshape_overruns",),
     ),
     Defect(
@@ -383,7 +383,7 @@ DEFECTS: tuple[Defect, ...] = (
               "ggml-cpu.c ggml_graph_plan reserves it only for quantized results, F16 <-> BF16 and F32 <-> I32",
         action="refused with UpstreamDefect (the kernel is right when another node asks for a work buffer: "
                "tests/test_rules_layout.py)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_layout.py::test_cpy_f16_to_i32_lacks_its_work_buffer",),
     ),
     Defect(
@@ -404,7 +404,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, cases GGML_OP_VIEW (ggml_acc_or_set: ACC writes src0 + b row by row, "
               "overwriting where it should add) and GGML_OP_SET (b gets the gradient of elements it overwrote)",
         action="build_backward_expand refuses the graph with UpstreamDefect (csrc/backward.c)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_layout.py::test_view_gradient_with_overlapping_rows_is_refused",),
     ),
     Defect(
@@ -415,7 +415,7 @@ DEFECTS: tuple[Defect, ...] = (
               "ggml.c ggml_compute_backward passes GET_ROWS's indices as they are",
         action="refused with UpstreamDefect (a strided index vector: the gradient of other rows, or a read "
                "past the indices)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_layout.py::test_get_rows_gradient_with_a_strided_index_vector_is_refused",
                   "tests/test_rules_backward.py::test_get_rows_back_reads_its_indices_as_an_array"),
     ),
@@ -426,7 +426,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_pool_2d_back reads src1 as dst->type (always F32); "
               "ggml_pool_2d accepts F16 input",
         action="refused with UpstreamDefect (autodiff of pool_2d on F16 input reads past it)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_backward.py::test_rule_refuses_what_the_kernel_fails_on",),
     ),
     Defect(
@@ -436,7 +436,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_compute_backward, case GGML_OP_MUL_MAT: GGML_ASSERT(tmp->ne[3] == 1) before summing "
               "a's gradient over the broadcast",
         action="build_backward_expand refuses the graph with UpstreamDefect before ggml would abort",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_matmul.py::test_upstream_mul_mat_backward_aborts_for_a_broadcast_a_and_a_4d_b",),
     ),
     Defect(
@@ -447,7 +447,7 @@ DEFECTS: tuple[Defect, ...] = (
               "SILU_BACK then computes wrong values, the others abort",
         action="the *_BACK kernel rules (csrc/rules_backward.c) refuse such nodes in build_backward_expand "
                "with KernelPreconditionError",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_backward.py::test_upstream_autodiff_hands_row_kernels_a_transposed_gradient",),
     ),
     Defect(
@@ -457,7 +457,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml-cpu/ops.cpp ggml_compute_forward_cross_entropy_loss_back: (softmax(a) - b) / rows drops the "
               "softmax term's factor sum(b)",
         action="documented only: the labels are data (NMSE 0.94 for U(0,1) labels; tests/test_rules_train.py)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_train.py::test_upstream_cross_entropy_gradient_assumes_labels_sum_to_one",),
     ),
     Defect(
@@ -485,7 +485,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="refused with UpstreamDefect for the sizes where the float32 index differs from the exact one "
                "(found in bounded time: rules_conv.c); conservatively also for an axis past 2**23 positions "
                "that pyggml cannot settle in bounded time (the refusal says so)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_conv.py::test_upscale_nearest_index_rounding_is_an_upstream_defect",),
     ),
     Defect(
@@ -496,7 +496,7 @@ DEFECTS: tuple[Defect, ...] = (
               "with pixel offset 0, which drops a tap of positive weight ([0, 1] -> 3 gives [0, 0, 1])",
         action="refused with UpstreamDefect where a tap is dropped; conservatively also for an axis past "
                "2**17 positions its bounded probes do not settle (the refusal says so)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_conv.py::test_upscale_antialias_with_aligned_corners_is_an_upstream_defect",),
     ),
     Defect(
@@ -506,7 +506,7 @@ DEFECTS: tuple[Defect, ...] = (
         where="ggml.c ggml_pool_2d computes the result size with the float padding and stores it as int32 "
               "for the kernel (p0 = 0.5 on 4 columns: an extra window hanging off the end)",
         action="refused with UpstreamDefect for a padding that is not a whole number",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_conv.py::test_pool_2d_fractional_padding_is_an_upstream_defect",),
     ),
     Defect(
@@ -517,7 +517,7 @@ DEFECTS: tuple[Defect, ...] = (
               "(upstream ggml-org/llama.cpp PR #28738, open)",
         action="conv_1d and conv_1d_ph refuse b.ne[2] > 1 with UpstreamDefect before the builder runs "
                "(pyggml/_prechecks.py; tests/test_rules_conv.py shows the scramble)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_rules_conv.py::test_conv_1d_with_a_batch_is_refused_and_really_scrambled",),
     ),
     Defect(
