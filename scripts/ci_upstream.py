@@ -564,6 +564,7 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
                              env=env, cwd=ROOT)
             row["tests_ok"] = tests.returncode == 0
             row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
+            row["release_refusals"] = release_refusals(tests.stdout)
             parity = step.run([py, "-m", "pyggml", "parity", *(["--quick"] if quick_parity else []), "--json",
                                pjson, "--save", npz], env=env, cwd=out)
             row["parity_ok"] = parity.returncode == 0
@@ -603,6 +604,17 @@ def _num(x: Any) -> float | None:
 
 
 _SEVERITY = ("ok", "skipped", "refused", "fail", "error", "timeout", "oob", "crashed")
+
+
+# pytest's -ra summary line of the skips tests/conftest.py makes where the release refuses a
+# sample itself (pyggml.opinfo.harness.release_abort's reasons)
+_REFUSAL_SKIPS = re.compile(r"^SKIPPED \[(\d+)\] \S*conftest\.py:\d+: ggml \S+ "
+                            r"(?:aborts on this sample|lacks what this sample needs)", re.M)
+
+
+def release_refusals(pytest_output: str) -> int:
+    """How many tests the run skipped because the linked release refused the sample itself."""
+    return sum(int(n) for n in _REFUSAL_SKIPS.findall(pytest_output))
 
 
 def _expectations() -> Any:
@@ -664,6 +676,9 @@ def table(rows: list[dict]) -> str:
                    f"{yn(r['tests_ok']):>6s} {yn(r['parity_ok']):>7s} {nm:>11s} {r['seconds']:7.1f}  "
                    f"{'; '.join(r['known_defects']) or '-'}")
     for r in rows:
+        if r.get("release_refusals"):
+            out.append(f"  {r['spec']}: {r['release_refusals']} tests skipped where ggml {r['ggml_version']} "
+                       f"refuses the sample itself ({r.get('tests_summary', '')})")
         known = (r.get("parity") or {}).get("known_findings")
         if known:
             out.append(f"  {r['spec']}: {known} of its sweep's bad rows are findings recorded for ggml "

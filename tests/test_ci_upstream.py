@@ -785,3 +785,20 @@ def test_a_sweep_s_bad_rows_are_known_where_the_release_s_tests_record_them():
     assert "pypi:libggml-python==0.9.4: 61 of its sweep's bad rows are findings recorded for ggml 0.9.4" in text
     text = ci.table([{**base, "parity_ok": False, "parity": {"known_findings": 2}}])
     assert "recorded for ggml 0.9.4 (tests/expectations.py); the others are not" in text
+
+
+def test_the_skips_where_a_release_refuses_a_sample_are_counted():
+    out = "\n".join([
+        "SKIPPED [3] tests/conftest.py:78: ggml 0.9.4 aborts on this sample (caught; its rules and kernels are "
+        "not pyggml's): abs: ggml would abort: ggml.c:5476: GGML_ASSERT(ggml_is_contiguous_1(a)) failed",
+        "SKIPPED [1] ../work/main/tests/conftest.py:78: ggml 0.9.4 lacks what this sample needs: xielu: not there",
+        "SKIPPED [2] tests/test_backend_multi.py:45: a build without PYGGML_BLAS=ON",
+        "SKIPPED [5] tests/conftest.py:78: something else",
+        "6691 passed, 1178 skipped, 53 xfailed in 166.90s"])
+    assert ci.release_refusals(out) == 4
+    assert ci.release_refusals("8558 passed, 18 skipped") == 0
+    row = {"spec": "pypi:libggml-python==0.9.4", "ggml_version": "0.9.4", "built": True, "tests_ok": True,
+           "parity_ok": True, "worst_nmse": None, "seconds": 1.0, "known_defects": [], "release_refusals": 4,
+           "tests_summary": "6691 passed, 1178 skipped, 53 xfailed"}
+    assert ("pypi:libggml-python==0.9.4: 4 tests skipped where ggml 0.9.4 refuses the sample itself "
+            "(6691 passed, 1178 skipped, 53 xfailed)") in ci.table([row])
