@@ -32,7 +32,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     # ggml 0.9.4 (``pypi:libggml-python==0.9.4``, a prebuilt ggml: no kernel fingerprinted, every
     # graph proven), 2026-12-03: 639 tests failed before this list, none crashed or hung. Most were
     # that release refusing a sample itself, which the suite now skips, saying why (conftest.py,
-    # harness.release_abort; 358 tests there): builder asserts (unary ops on rows that are not
+    # harness.release_abort; 582 tests there, CI of 2026-12-03): builder asserts (unary ops on rows that are not
     # contiguous, SET_ROWS of a non-F32 source, FLASH_ATTN_EXT's mask padded to GGML_KQ_MASK_PAD),
     # kernel asserts the proof caught (F16-only im2col/conv kernels, POOL_1D with padding, norms
     # of strided rows), and features it lacks (ops, ggml_cplan.use_ref, GGML_TENSOR_FLAG_COMPUTE).
