@@ -39,10 +39,14 @@ def release_abort(e: BaseException) -> str | None:
     """Why ``e`` is the linked release's own refusal of a sample, not a defect of pyggml or
     of ggml (None: it is not): ggml aborting (a builder's or a kernel's ``GGML_ASSERT``,
     caught) on a ggml the rules do not cover (:func:`rules_cover_the_linked_ggml`), or a
-    feature this ggml lacks (:class:`pyggml.GGMLVersionError`). A kernel that hangs
-    (:class:`pyggml.KernelTimeout`) is never one: it is a defect wherever it is seen."""
+    feature this ggml lacks (:class:`pyggml.GGMLVersionError`) on a release other than the
+    one pyggml's rules are written against (``build_info()["kernels"]["pinned_release"]``,
+    which lacks nothing pyggml offers). A kernel that hangs (:class:`pyggml.KernelTimeout`)
+    is never one: it is a defect wherever it is seen."""
     version = pyggml.ggml_version()
     if isinstance(e, pyggml.GGMLVersionError):
+        if version == pyggml.build_info()["kernels"]["pinned_release"]:
+            return None
         return f"ggml {version} lacks what this sample needs: {e}"
     if isinstance(e, pyggml.GGMLAbort) and not isinstance(e, pyggml.KernelTimeout) \
             and not rules_cover_the_linked_ggml():
