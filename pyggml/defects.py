@@ -10,8 +10,16 @@ registry; nothing else describes a defect.
 from __future__ import annotations
 
 import dataclasses
+import re
 
-__all__ = ["Defect", "DEFECTS", "get", "known_defects", "probe_all"]
+__all__ = ["Defect", "DEFECTS", "get", "known_defects", "probe_all", "release_key"]
+
+
+def release_key(release: str | None) -> tuple[int, ...]:
+    """"0.25.3" -> (0, 25, 3), for ordering releases: the first three numbers of the text
+    ("0.25.3-dev" too); () for one without a number ("unknown", None). The one parser of a
+    release: the build (pyggml/_gen_ops.py), the scripts and the tests all use it."""
+    return tuple(int(x) for x in re.findall(r"\d+", release or "")[:3])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import importlib.util
 import json
@@ -781,8 +782,18 @@ def disagreements(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@functools.lru_cache(maxsize=None)
+def _defects() -> Any:
+    """pyggml/defects.py, loaded from its file by the build's own loader (_gen_ops.load_defects):
+    no build of pyggml is needed"""
+    sys.path.insert(0, str(ROOT / "pyggml"))
+    import _gen_ops
+
+    return _gen_ops.load_defects()
+
+
 def _version_key(v: str | None) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v or "")[:3])
+    return _defects().release_key(v)
 
 
 def measures_defect(value: object) -> bool:

@@ -14,7 +14,6 @@ the longer write-ups of some defects (docs/upstream-defect*.md) are linked from 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -23,22 +22,13 @@ OUT = ROOT / "docs" / "upstream-defects-index.md"
 
 
 def load_defects():
-    """pyggml/defects.py, loaded from its file (it imports nothing of pyggml at the top: no
-    build is needed)."""
-    name = "_pyggml_defects_for_doc"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "pyggml" / "defects.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod             # dataclasses looks its module up
+    """pyggml/defects.py, loaded from its file by the build's own loader (no build is needed)."""
+    sys.path.insert(0, str(ROOT / "pyggml"))
     try:
-        spec.loader.exec_module(mod)
+        from _gen_ops import load_defects as load
     finally:
-        del sys.modules[name]
-    return mod
-
-
-def _release(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
+        sys.path.remove(str(ROOT / "pyggml"))
+    return load()
 
 
 def _write_ups(defect_id: str) -> list[str]:
@@ -75,7 +65,7 @@ def _entry(d) -> list[str]:
 def render() -> str:
     mod = load_defects()
     measured = {r for d in mod.DEFECTS for r in d.seen_in}
-    newest = max(measured, key=_release)
+    newest = max(measured, key=mod.release_key)
     present = [d for d in mod.DEFECTS if newest in d.seen_in and not d.fixed_in]
     fixed = [d for d in mod.DEFECTS if d.fixed_in]
     other = [d for d in mod.DEFECTS if d not in present and d not in fixed]

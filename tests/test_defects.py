@@ -3,6 +3,7 @@ id the kernel rules, the backward checks, the op samples or the tests use is a r
 there, and the probes run on the linked ggml."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from sources import load_script, load_source
 
 import pyggml
 from pyggml import defects
+from pyggml.defects import release_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +100,8 @@ def test_the_registry_loads_without_pyggml():
 
     tree = ast.parse(Path(defects.__file__).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert {a.name for n in top for a in n.names} <= {"annotations", "dataclasses"}
+    names = {n.module if isinstance(n, ast.ImportFrom) else a.name for n in top for a in n.names}
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, names - set(sys.stdlib_module_names)
 
 
 def test_probes_measure_the_linked_ggml():
@@ -113,10 +116,6 @@ def test_probes_measure_the_linked_ggml():
         assert found["add-q-no-from-float"] == "abort"
 
 
-def _release(version):
-    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
-
-
 def test_the_releases_a_record_names_agree_with_its_probe_here():
     """seen_in and fixed_in are measurements: on a release a record names, its probe
     measures the same again (a tree scripts/patch_upstream.py fixed measures it gone)."""
@@ -127,11 +126,11 @@ def test_the_releases_a_record_names_agree_with_its_probe_here():
     named = 0
     for d in defects.DEFECTS:
         if d.fixed_in:
-            assert d.seen_in and all(_release(v) < _release(d.fixed_in) for v in d.seen_in), d.id
+            assert d.seen_in and all(release_key(v) < release_key(d.fixed_in) for v in d.seen_in), d.id
         found = defects.measures_defect(d.run_probe())
         if found is None:
             continue
-        if d.id in patched or (d.fixed_in and _release(here) >= _release(d.fixed_in)):
+        if d.id in patched or (d.fixed_in and release_key(here) >= release_key(d.fixed_in)):
             assert found is False, f"{d.id}: recorded fixed here ({here}), the probe measures it"
             named += 1
         elif here in d.seen_in:
@@ -183,3 +182,9 @@ def test_the_index_of_defects_is_what_the_records_say():
     assert all(f"`{d.id}`" in present for d in defects.DEFECTS if pinned in d.seen_in and not d.fixed_in)
     assert "`q1-0-dot-misaligned-load`" not in present   # (UBSan, not measured in the pin)
     assert doc.main(["--check"]) == 0
+
+
+def test_a_release_is_ordered_by_its_numbers_not_its_text():
+    assert release_key("0.25.3") == (0, 25, 3) and release_key("0.25.3-dev") == (0, 25, 3)
+    assert release_key("0.9.4") < release_key("0.17.0") < release_key("0.20.2") < release_key("0.25.3")
+    assert release_key("unknown") == release_key(None) == ()

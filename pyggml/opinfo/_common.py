@@ -12,6 +12,7 @@ from typing import Iterable
 import numpy as np
 
 from pyggml._core import Type
+from pyggml.defects import release_key
 from pyggml.opinfo import Arg, Sample
 
 FLOATS = (Type.F32, Type.F16, Type.BF16)
@@ -119,17 +120,13 @@ def broadcast_pairs() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             ((2, 3, 4), (2, 3, 1)), ((3, 6), (3, 2)), ((5,), (1,)), ((2, 2, 3, 5), (1, 2, 1, 5))]
 
 
-def _release(r: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in r.split("."))
-
-
 def kernel_release(op: str) -> tuple[int, ...] | None:
     """The release op's trusted CPU kernel is from (a review's, else the pinned prints'), as
     csrc's kernel_release sees it; None for an untrusted kernel."""
     from pyggml._core import kernel_trust
     trust = kernel_trust()
     got = trust["reviewed_in"].get(op, trust["pinned_release"])
-    return None if op in trust["untrusted"] or got is None else _release(got)
+    return None if op in trust["untrusted"] or got is None else release_key(got)
 
 
 def kernel_since(op: str, release: str) -> bool:
@@ -137,14 +134,14 @@ def kernel_since(op: str, release: str) -> bool:
     clauses for the newer kernels hold, such as a defect that release fixed, no longer
     refused."""
     got = kernel_release(op)
-    return got is not None and got >= _release(release)
+    return got is not None and got >= release_key(release)
 
 
 def kernel_before(op: str, release: str) -> bool:
     """op's CPU kernel is trusted and of a release before ``release`` (csrc
     pg_kernel_before): what an older kernel's own behaviour (its abort, its overrun) needs"""
     got = kernel_release(op)
-    return got is not None and got < _release(release)
+    return got is not None and got < release_key(release)
 
 
 def bf16_if_taken(op: str, release: str = "0.25.3") -> tuple[Type, ...]:
@@ -160,7 +157,7 @@ def rope_ndims0_defect(op: str = "ROPE") -> str:
     prebuilt ggml's is unknown), whose rule then refuses it (csrc pg_kernel_before); ""
     where it is (it copies the row)."""
     got = kernel_release(op)
-    return "" if got is not None and got < _release("0.20.3") else "rope-ndims0-hang"
+    return "" if got is not None and got < release_key("0.20.3") else "rope-ndims0-hang"
 
 
 # the quantized types the CPU writes F32 rows into (the CPU backend's from_float: cpy, cast,
