@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 ci = load_script("ci_upstream", "ci_upstream_under_test")
+report = load_script("ci_report")
+bis = load_script("ci_bisect")
 
 
 # --- one work directory per distinct spec ----------------------------------------------
@@ -140,7 +142,7 @@ def test_diff_compares_two_sweeps_in_their_own_directories(tmp_path, monkeypatch
         runs.append([str(c) for c in cmd])
         Path(cmd[cmd.index("--json") + 1]).write_text('{"per_op": {}}')
         return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
-    monkeypatch.setattr(ci.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     rows = []
     for spec in ("vendored", "vendored+blas"):
         d = tmp_path / ci.spec_dirname(spec)
@@ -150,7 +152,7 @@ def test_diff_compares_two_sweeps_in_their_own_directories(tmp_path, monkeypatch
     rows.append({"spec": "vendored+blas+blas", "parity_npz": rows[1]["parity_npz"], "python": sys.executable})
     rows.append({"spec": "copy", "parity_npz": str(tmp_path / ci.spec_dirname("vendored") / "." / "parity.npz"),
                  "python": sys.executable})
-    ci.diff_specs(rows, tmp_path)
+    report.diff_specs(rows, tmp_path)
     assert len(runs) == 2
     for cmd in runs:
         a, b = cmd[cmd.index("diff") + 1: cmd.index("diff") + 3]
@@ -249,7 +251,7 @@ def test_a_spec_that_raises_is_a_failed_row_and_the_rest_still_run(tmp_path, mon
     assert ran == ["vendored", "vendored+blas"]
     import json
     rows = json.loads(out.read_text())["specs"]
-    assert rows[0]["error"] == "RuntimeError: the build exploded" and not ci._ok(rows[0])
+    assert rows[0]["error"] == "RuntimeError: the build exploded" and not report.spec_ok(rows[0])
     assert "vendored: RuntimeError: the build exploded" in capsys.readouterr().out
 
 
@@ -323,7 +325,7 @@ def test_reuse_probe_reads_this_interpreter_truthfully(tmp_path):
 def test_a_refused_reuse_builds_nothing_and_fails_the_spec(tmp_path, monkeypatch):
     _check_answers(monkeypatch, {**GOOD, "editable": True})
     row = ci.run_spec("vendored", tmp_path / "work", [], reuse=Path(sys.executable))
-    assert not row["built"] and "editable" in row["reuse_refused"] and not ci._ok(row)
+    assert not row["built"] and "editable" in row["reuse_refused"] and not report.spec_ok(row)
     assert not (tmp_path / "work" / ci.spec_dirname("vendored") / "venv").exists()
     assert "--reuse refused" in Path(row["log"]).read_text()
 
@@ -421,7 +423,7 @@ def test_run_spec_with_results_runs_neither_pytest_nor_the_sweep(tmp_path, monke
     monkeypatch.setattr(ci, "reusable", lambda *a: "")
     res = _results(tmp_path / "r")
     row = ci.run_spec("vendored", tmp_path / "work", ["-n", "2"], reuse=Path(sys.executable), results=res)
-    assert row["built"] and row["tests_ok"] and row["parity_ok"] and ci._ok(row), row
+    assert row["built"] and row["tests_ok"] and row["parity_ok"] and report.spec_ok(row), row
     assert not any("pytest" in c[0] or "parity" in c for c in ran), ran
     out = tmp_path / "work" / ci.spec_dirname("vendored")
     assert (out / "parity.npz").read_bytes() == b"npz" and row["parity_npz"] == str(out / "parity.npz")
@@ -429,7 +431,7 @@ def test_run_spec_with_results_runs_neither_pytest_nor_the_sweep(tmp_path, monke
     # results of another build: the spec fails, and says why
     bad = _results(tmp_path / "b", identity={**BUILD, "ggml_version": "0.17.0"})
     row = ci.run_spec("vendored", tmp_path / "work", [], reuse=Path(sys.executable), results=bad)
-    assert not ci._ok(row) and "another build" in row["reuse_refused"]
+    assert not report.spec_ok(row) and "another build" in row["reuse_refused"]
 
 
 def test_main_passes_results_only_to_the_reused_spec(tmp_path, monkeypatch):
@@ -479,7 +481,7 @@ def test_the_html_grid_gets_a_column_of_upstreams_gradient_verdicts():
             "GELU": {"cases": 12, "supported": 0, "passed": 0, "failed": []},
             "REGLU": {"cases": 17, "supported": 17, "passed": 17, "failed": [], "exit": -6, "abort": "ggml.c:1: x"}}
     rows = [{"spec": "vendored"}, {"spec": "sdist:x==1", "upstream_tests": {"upstream": {"grad": {"ops": grad}}}}]
-    cols = ci.upstream_columns(rows, ["add", "add_inplace", "sum", "gelu", "reglu", "mul"])
+    cols = report.upstream_columns(rows, ["add", "add_inplace", "sum", "gelu", "reglu", "mul"])
     assert cols == {"sdist:x==1: test-backend-ops grad": {"add": "ok", "add_inplace": "ok", "sum": "fail",
                                                           "gelu": "skipped", "reglu": "crashed"}}
 
@@ -489,7 +491,7 @@ def test_a_prebuilt_ggml_has_no_tree_for_upstreams_tests(tmp_path):
     ci.run_upstream_tests(row, "pypi", "libggml-python==0.17.0", tmp_path, Path(sys.executable),
                           ci.Step(tmp_path / "log"), ci.clean_env())
     assert row["upstream_tests"] == {"skipped": "no ggml source tree for a pypi spec"}
-    assert "not run: no ggml source tree for a pypi spec" in ci.upstream_tests_report([{"spec": "p", **row}])
+    assert "not run: no ggml source tree for a pypi spec" in report.upstream_tests_report([{"spec": "p", **row}])
 
 
 def test_the_vendored_tree_s_upstream_tests_come_from_the_pin_s_sdist(tmp_path, monkeypatch):
@@ -584,7 +586,7 @@ def test_bisect_runs_in_a_worktree_and_leaves_the_checkout_alone(upstream, tmp_p
     test = (f'r=$(cat result.txt); (pwd -P; {g} symbolic-ref HEAD; {g} rev-parse HEAD; '
             f'{g} status --porcelain=v1 --untracked-files=all | md5sum) >> "{seen}"; test "$r" = 1')
     work = tmp_path / "work"
-    commit, log = ci.bisect(str(src), "HEAD~6", "main", "", test, work)
+    commit, log = bis.bisect(str(src), "HEAD~6", "main", "", test, work)
     assert commit == shas[3], log
     assert_untouched(repo, before, work)
     lines = seen.read_text().splitlines()
@@ -600,7 +602,7 @@ def test_bisect_runs_in_a_worktree_and_leaves_the_checkout_alone(upstream, tmp_p
 def test_a_bisect_test_that_aborts_leaves_the_checkout_alone(upstream, tmp_path):
     repo, shas = upstream
     before = checkout_state(repo)
-    commit, log = ci.bisect(str(repo), shas[0], shas[-1], "", "exit 200", tmp_path / "work")  # >127: git aborts
+    commit, log = bis.bisect(str(repo), shas[0], shas[-1], "", "exit 200", tmp_path / "work")  # >127: git aborts
     assert commit is None
     assert_untouched(repo, before, tmp_path / "work")
 
@@ -616,10 +618,10 @@ def test_a_failing_build_step_leaves_the_checkout_alone(upstream, tmp_path, monk
     def sweep(src, op, save, workdir):
         calls.append((src, git(src, "rev-parse", "HEAD").stdout.strip(), checkout_state(repo)))
         raise exc("the build failed")
-    monkeypatch.setattr(ci, "_bisect_sweep", sweep)
+    monkeypatch.setattr(bis, "_bisect_sweep", sweep)
     work = tmp_path / "work"
     with pytest.raises(exc):
-        ci.bisect(str(repo), shas[1], shas[-1], "op:x", None, work)
+        bis.bisect(str(repo), shas[1], shas[-1], "op:x", None, work)
     assert len(calls) == 1
     src, head, state = calls[0]
     assert Path(src) == work / "worktree" and head == shas[1]       # built in the worktree, at the good revision
@@ -640,11 +642,11 @@ def test_ctrl_c_during_the_bisection_leaves_the_checkout_alone(upstream, tmp_pat
                                   text=True).stdout.strip())
             raise KeyboardInterrupt
         return real_run(cmd, *a, **kw)
-    monkeypatch.setattr(ci.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(KeyboardInterrupt):
-        ci.bisect(str(repo), shas[0], shas[-1], "", "true", tmp_path / "work")
+        bis.bisect(str(repo), shas[0], shas[-1], "", "true", tmp_path / "work")
     assert moved and moved[0] not in (shas[0], shas[-1])                  # bisect had checked out a midpoint
-    monkeypatch.setattr(ci.subprocess, "run", real_run)
+    monkeypatch.setattr(subprocess, "run", real_run)
     assert_untouched(repo, before, tmp_path / "work")
 
 
@@ -659,7 +661,7 @@ def test_the_bisection_steps_build_the_worktree(upstream, tmp_path, monkeypatch)
         sweeps.append((src, git(src, "rev-parse", "HEAD").stdout.strip()))
         save.write_bytes(b"npz")
         return 0
-    monkeypatch.setattr(ci, "_bisect_sweep", sweep)
+    monkeypatch.setattr(bis, "_bisect_sweep", sweep)
     real_run = subprocess.run
     steps = []
 
@@ -668,10 +670,10 @@ def test_the_bisection_steps_build_the_worktree(upstream, tmp_path, monkeypatch)
             steps.append(cmd)
             return subprocess.CompletedProcess(cmd, 0, stdout=f"{shas[3]} is the first bad commit\n", stderr="")
         return real_run(cmd, *a, **kw)
-    monkeypatch.setattr(ci.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     work = tmp_path / "work"
-    commit, _ = ci.bisect(str(repo / "ggml"), shas[0], shas[-1], "op:x", None, work)
-    monkeypatch.setattr(ci.subprocess, "run", real_run)
+    commit, _ = bis.bisect(str(repo / "ggml"), shas[0], shas[-1], "op:x", None, work)
+    monkeypatch.setattr(subprocess, "run", real_run)
     assert commit == shas[3]
     assert sweeps == [(str(work / "worktree" / "ggml"), shas[0])]
     cmd = steps[0]
@@ -687,7 +689,7 @@ def test_a_worktree_left_by_a_killed_run_is_replaced(upstream, tmp_path):
     git(repo, "worktree", "add", "-q", "--detach", str(work / "worktree"), shas[2])
     (work / "worktree" / "junk.txt").write_text("left")
     before = checkout_state(repo)
-    commit, log = ci.bisect(str(repo), shas[0], shas[-1], "", 'test "$(cat result.txt)" = 1', work)
+    commit, log = bis.bisect(str(repo), shas[0], shas[-1], "", 'test "$(cat result.txt)" = 1', work)
     assert commit == shas[3], log
     after = checkout_state(repo)
     assert after["worktrees"].count("worktree ") == 1
@@ -700,7 +702,7 @@ def test_a_revision_the_checkout_does_not_have_is_refused(upstream, tmp_path):
     repo, shas = upstream
     before = checkout_state(repo)
     with pytest.raises(SystemExit, match="not a commit"):
-        ci.bisect(str(repo), "no-such-rev", shas[-1], "", "true", tmp_path / "work")
+        bis.bisect(str(repo), "no-such-rev", shas[-1], "", "true", tmp_path / "work")
     assert_untouched(repo, before, tmp_path / "work")
 
 
@@ -774,16 +776,16 @@ def test_a_sweep_s_bad_rows_are_known_where_the_release_s_tests_record_them():
             row("op:concat", "concat", "Q8_0", 7, "oob"),            # not recorded
             row("grad:exp", "exp", "F32", 0, "fail"),                # gradients: never known
             row("op:add", "add", "F32", 0, "ok"), row("op:add", "add", "F32", 1, "skipped")]
-    assert ci.known_sweep_findings(rows, "0.9.4") == (4, 2)
-    assert ci.known_sweep_findings(rows, "0.25.3") == (4, 0)
-    assert ci.known_sweep_findings(rows, None) == (4, 0)
-    assert ci.known_sweep_findings(rows[4:], "0.9.4") == (0, 0)
+    assert report.known_sweep_findings(rows, "0.9.4") == (4, 2)
+    assert report.known_sweep_findings(rows, "0.25.3") == (4, 0)
+    assert report.known_sweep_findings(rows, None) == (4, 0)
+    assert report.known_sweep_findings(rows[4:], "0.9.4") == (0, 0)
     # the matrix table says how many of a spec's bad rows are recorded findings
     base = {"spec": "pypi:libggml-python==0.9.4", "ggml_version": "0.9.4", "built": True, "tests_ok": True,
             "worst_nmse": 1.0, "seconds": 1.0, "known_defects": []}
-    text = ci.table([{**base, "parity_ok": True, "parity": {"known_findings": 61}}])
+    text = report.table([{**base, "parity_ok": True, "parity": {"known_findings": 61}}])
     assert "pypi:libggml-python==0.9.4: 61 of its sweep's bad rows are findings recorded for ggml 0.9.4" in text
-    text = ci.table([{**base, "parity_ok": False, "parity": {"known_findings": 2}}])
+    text = report.table([{**base, "parity_ok": False, "parity": {"known_findings": 2}}])
     assert "recorded for ggml 0.9.4 (tests/expectations.py); the others are not" in text
 
 
@@ -795,10 +797,10 @@ def test_the_skips_where_a_release_refuses_a_sample_are_counted():
         "SKIPPED [2] tests/test_backend_multi.py:45: a build without PYGGML_BLAS=ON",
         "SKIPPED [5] tests/conftest.py:78: something else",
         "6691 passed, 1178 skipped, 53 xfailed in 166.90s"])
-    assert ci.release_refusals(out) == 4
-    assert ci.release_refusals("8558 passed, 18 skipped") == 0
+    assert report.release_refusals(out) == 4
+    assert report.release_refusals("8558 passed, 18 skipped") == 0
     row = {"spec": "pypi:libggml-python==0.9.4", "ggml_version": "0.9.4", "built": True, "tests_ok": True,
            "parity_ok": True, "worst_nmse": None, "seconds": 1.0, "known_defects": [], "release_refusals": 4,
            "tests_summary": "6691 passed, 1178 skipped, 53 xfailed"}
     assert ("pypi:libggml-python==0.9.4: 4 tests skipped where ggml 0.9.4 refuses the sample itself "
-            "(6691 passed, 1178 skipped, 53 xfailed)") in ci.table([row])
+            "(6691 passed, 1178 skipped, 53 xfailed)") in report.table([row])

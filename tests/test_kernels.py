@@ -364,7 +364,7 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
     assert store.build_identity()["untrusted_kernels"] == (
         _core.kernel_trust()["untrusted"] if _core.kernel_trust()["known"]
         else "unknown: a prebuilt ggml, no kernel trusted (every graph proven)")
-    ci = load_script("ci_upstream", "ci_upstream_k")
+    report = load_script("ci_report")
     ops = {"wrapped": ["GGML_OP_ADD"], "not_wrapped": {}}
     builders = {"bound": ["add"], "not_bound": {}, "header_only": []}
     rows = [dict(spec="vendored", ggml_version="0.20.2", ops=ops, builders=builders,
@@ -373,7 +373,7 @@ def test_the_sweep_and_the_matrix_say_which_kernels_are_untrusted(monkeypatch, c
                  kernels={"known": True, "untrusted": ["ROPE", "UNARY"], "reviewed": ["SCALE"]}),
             dict(spec="pypi:libggml-python==0.17.0", ggml_version="0.17.0", ops=ops, builders=builders,
                  kernels={"known": False, "untrusted": []})]
-    text = ci.op_changes(rows)
+    text = report.op_changes(rows)
     assert "sdist:x==1: kernels not trusted to their rules (graphs proven in a forked child): ROPE, UNARY" in text
     assert "sdist:x==1: changed kernels trusted by a rule review (pyggml/kernels.txt): SCALE" in text
     assert "pypi:libggml-python==0.17.0: kernels unknown (a prebuilt ggml: no kernel source to fingerprint); " \

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 vendor = load_script("vendor_ggml")
 ci = load_script("ci_upstream")
+report = load_script("ci_report")
+bis = load_script("ci_bisect")
 
 
 def make_sdist(path, members, links=()):
@@ -289,7 +291,7 @@ def test_matrix_table_marks_failures():
                  worst_nmse=1e-13, seconds=1.0, known_defects=["x"]),
             dict(spec="pypi:libggml-python==0.9.4", ggml_version=None, built=False, tests_ok=False,
                  parity_ok=False, worst_nmse=None, seconds=2.0, known_defects=[])]
-    table = ci.table(rows).splitlines()
+    table = report.table(rows).splitlines()
     assert "yes" in table[1] and "1.00e-13" in table[1]
     assert table[2].count("NO") == 3
 
@@ -304,7 +306,7 @@ def test_matrix_reports_op_changes_between_specs():
                builders={"bound": ["add"], "not_bound": {"cumsum": "this ggml has no ggml_cumsum",
                                                         "ssm_scan": "ggml_ssm_scan of this ggml takes (...)"},
                          "header_only": ["ggml_legacy"]})
-    text = ci.op_changes([base, old, dict(spec="broken", ggml_version=None)])
+    text = report.op_changes([base, old, dict(spec="broken", ggml_version=None)])
     assert "new ops: GGML_OP_OLD" in text and "removed ops: GGML_OP_CUMSUM" in text
     assert "not bound: cumsum: this ggml has no ggml_cumsum" in text
     assert "not bound: ssm_scan: ggml_ssm_scan of this ggml takes" in text
@@ -392,11 +394,11 @@ def test_a_bisection_step_ignores_what_the_good_revision_gives_unstably():
              row("op:x|F32|0", "ggml", False, False),         # within tolerance
              row("op:x|F32|1", "ggml", True, False),          # the same bits
              row("op:x|F32|2", "ggml-ref", False, True)]      # a real change
-    got = ci.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=False)
+    got = bis.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=False)
     assert [d["case"] for d in got] == ["op:x|F32|2"]
-    got = ci.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True)
+    got = bis.changed_outputs(diffs, {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True)
     assert [d["case"] for d in got] == ["op:x|F32|0", "op:x|F32|2"]
-    assert ci.changed_outputs(diffs[:2], {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True) == []
+    assert bis.changed_outputs(diffs[:2], {"op:x|F16|0|ggml"}, {"op:x|F16|1"}, bitwise=True) == []
 
 
 def test_a_bisection_step_compares_which_outputs_are_wrong(tmp_path):
@@ -410,8 +412,8 @@ def test_a_bisection_step_compares_which_outputs_are_wrong(tmp_path):
                              ("ggml", "torch", "ok"), ("ggml", "reference", "refused")])
     fixed = doc("fixed.json", [("ggml", "reference", "ok"), ("ggml", "reference", "ok"),
                                ("ggml", "torch", "ok"), ("ggml", "reference", "refused")])
-    assert ci.wrong_outputs(good) == {"op:x|F16|0|ggml"} == ci.wrong_outputs(same)   # still wrong
-    assert ci.wrong_outputs(fixed) == set()
+    assert bis.wrong_outputs(good) == {"op:x|F16|0|ggml"} == bis.wrong_outputs(same)   # still wrong
+    assert bis.wrong_outputs(fixed) == set()
 
 
 def test_backend_suffixes_are_pyggml_options():
@@ -442,16 +444,16 @@ def test_timeline_first_seen_and_last_absent():
                   per_op={"op:rope": op(1)}),
             _spec("0.17.0", defects={"fab-batch-gqa": 64}, per_op={"op:rope": op(0)}),
             _spec("0.20.2", isa="avx", defects={"fab-batch-gqa": 0})]          # an ISA variant: not a release
-    items = {t["id"]: t for t in ci.timeline(rows)}
+    items = {t["id"]: t for t in report.timeline(rows)}
     fab = items["defect:fab-batch-gqa"]
     assert (fab["first_seen"], fab["last_absent"], fab["absent_again"]) == ("0.13.1", "0.9.4", None)
     rope = items["disagrees:op:rope"]
     assert (rope["first_seen"], rope["last_absent"], rope["absent_again"]) == ("0.9.4", None, "0.17.0")
     oob = items["oob:conv_2d"]
     assert (oob["first_seen"], oob["last_absent"], oob["absent_again"]) == ("0.13.1", "0.9.4", "0.17.0")
-    text = ci.format_timeline(list(items.values()), ["0.9.4", "0.13.1", "0.17.0", "0.20.2"])
+    text = report.format_timeline(list(items.values()), ["0.9.4", "0.13.1", "0.17.0", "0.20.2"])
     assert "defect:fab-batch-gqa: first seen 0.13.1, last absent 0.9.4" in text
-    dis = ci.disagreements(rows)
+    dis = report.disagreements(rows)
     assert "op:rope: v0.9.4 2/4 (A 2, B 0); v0.13.1 1/4" in dis
 
 
@@ -461,19 +463,19 @@ def test_a_kernel_verdict_of_ok_is_an_absent_defect():
     "first seen 0.17.0" for a defect no release before 0.21 has)."""
     rows = [_spec("0.17.0", defects={"hang-probe": "ok", "oob-probe": "out-of-bounds"}),
             _spec("0.20.2", defects={"hang-probe": "hang", "oob-probe": "ok"})]
-    items = {t["id"]: t for t in ci.timeline(rows)}
+    items = {t["id"]: t for t in report.timeline(rows)}
     hang, oob = items["defect:hang-probe"], items["defect:oob-probe"]
     assert (hang["first_seen"], hang["last_absent"]) == ("0.20.2", "0.17.0")
     assert (oob["first_seen"], oob["absent_again"]) == ("0.17.0", "0.20.2")
     for v, want in ((None, False), (0, False), ("ok", False), (64, True), ("hang", True), ("abort", True)):
-        assert ci.measures_defect(v) is want, v
+        assert report.measures_defect(v) is want, v
 
 
 def test_parity_summary_keeps_the_worst_verdict_and_the_findings():
     rows = [dict(op="a", verdict="ok", case="c", detail=""), dict(op="a", verdict="refused", case="c", detail=""),
             dict(op="b", verdict="oob", case="c2", detail="wrote 4 bytes past"), dict(op="b", verdict="ok", case="c",
                                                                                       detail="")]
-    s = ci.parity_summary(rows)
+    s = report.parity_summary(rows)
     assert s["ops"] == {"a": "refused", "b": "oob"} and s["counts"] == {"ok": 2, "refused": 1, "oob": 1}
     assert s["found"] == {"oob:b": ["c2: wrote 4 bytes past"]}
 
