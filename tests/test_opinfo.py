@@ -156,15 +156,10 @@ def test_an_unlisted_type_the_kernel_takes_fails():
 
 WIDEN = 256
 FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
-# ops whose widened sample does not build as it is (a widened row is not what the op's
-# other arguments say): the check cannot see their quantized types
+# ops whose sample cannot be widened: the check cannot see their quantized types
 QUANTIZED_UNCHECKED = {
-    "add_rel_pos", "add_rel_pos_inplace",           # pw's rows are tied to a's ne
-    "dsv4_hc_comb", "dsv4_hc_post", "dsv4_hc_pre",  # ne0 is the hyper-connection count
-    "flash_attn_back",                              # head sizes are tied to one another
-    "gated_delta_net", "gated_linear_attn", "lightning_indexer", "rwkv_wkv6", "rwkv_wkv7", "ssm_scan",
+    "dsv4_hc_comb",                                 # every ne0 is set by the hyper-connection count
     "opt_step_adamw", "opt_step_sgd",               # their samples pass ready tensors
-    "solve_tri",                                    # a square matrix and b's rows tied to it
 }
 
 
@@ -179,12 +174,90 @@ def _square(args):
     return [(typ, shape[:-2] + (shape[-1], shape[-1]), is_float), *rest]
 
 
-# ops whose widened sample builds once one more of its arguments follows the wider rows
+def _set(args, i, shape=None, retype=None):
+    typ, sh, fl = args[i]
+    args[i] = (typ, tuple(shape) if shape is not None else sh, fl if retype is None else retype)
+
+
+def _restore(args, i):
+    """args[i] as the sample had it (its rows not widened) and never re-typed: a count, not rows"""
+    sh = args[i][1]
+    _set(args, i, sh[:-1] + (sh[-1] // WIDEN,), retype=False)
+
+
+def _restoring(*idx):
+    def fix(args):
+        args = list(args)
+        for i in idx:
+            _restore(args, i)
+        return args
+    return fix
+
+
+def _add_rel_pos(args):
+    args = list(args)
+    _set(args, 0, args[0][1][:-1] + (args[1][1][-1] ** 2,))        # a's ne0 = pw's ne0 squared
+    return args
+
+
+def _solve_tri(args):
+    args = list(args)
+    a, b = args[0][1], args[1][1]
+    _set(args, 0, a[:-2] + (a[-1], a[-1]))                          # a square
+    _set(args, 1, b[:-2] + (a[-1], b[-1]))                          # b's ne1 is a's
+    return args
+
+
+def _state_s2(i):
+    """a recurrent state of S * S * H * n_seqs: S widened, so the state twice"""
+    def fix(args):
+        args = list(args)
+        _set(args, i, args[i][1][:-1] + (args[i][1][-1] * WIDEN,))
+        return args
+    return fix
+
+
+def _flash_attn_back(args):
+    args = list(args)
+    q, k, v = args[0][1], args[1][1], args[2][1]
+    M = k[-2] * WIDEN                                               # the keys widened too
+    _set(args, 1, k[:-2] + (M, k[-1]))                              # k [D, M]
+    _set(args, 2, v[:-2] + (q[-1], M))                              # v [M, D]
+    return args
+
+
+def _gated_delta_net(args):
+    args = _restoring(4)(args)                                      # beta: one per head
+    S = args[2][1][-1]
+    _set(args, 3, args[3][1][:-1] + (S,))                           # the gate per key (KDA)
+    _set(args, 5, args[5][1][:-2] + (S, S))                         # the state S x S
+    return args
+
+
+def _ssm_scan(args):
+    args = _restoring(2)(args)                                      # dt: one per head
+    s, x, A = args[0][1], args[1][1], args[3][1]
+    _set(args, 0, s[:-2] + (x[-1], s[-1]))                          # s (slots, heads, head dim as x's, states)
+    _set(args, 3, A[:-1] + (s[-1],))                                # A per state (Mamba-1)
+    return args
+
+
+# ops whose widened sample builds once its other arguments follow the wider rows (or keep
+# the sample's own size where they are counts: re-typing those is not checked)
 WIDEN_ALSO = {
     # the new shape's ne0 (its product must stay a's; repeat's a multiple of a's ne0)
     **{f"{op}_{n}d": _widen_int(1) for op in ("cont", "reshape") for n in (1, 2, 3, 4)},
     "repeat_4d": _widen_int(1),
     "tri": _square,                                 # a square matrix: its rows as long as its columns
+    "add_rel_pos": _add_rel_pos, "add_rel_pos_inplace": _add_rel_pos,
+    "solve_tri": _solve_tri,
+    "rwkv_wkv6": _state_s2(5), "gated_linear_attn": _state_s2(4), "rwkv_wkv7": _state_s2(6),
+    "dsv4_hc_pre": _restoring(1),                   # the weights per hyper-connection
+    "dsv4_hc_post": _restoring(2, 3),               # post and comb per hyper-connection
+    "flash_attn_back": _flash_attn_back,
+    "gated_delta_net": _gated_delta_net,
+    "lightning_indexer": _restoring(2, 3),          # weights per head, the mask per key
+    "ssm_scan": _ssm_scan,
 }
 
 

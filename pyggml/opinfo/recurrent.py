@@ -18,7 +18,8 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import normal, uniform
+from pyggml.opinfo._common import (FLOATS, SLOW_TO_QUANTIZE, SLOW_WHY, normal, quantized_but, uniform,
+                                    unsampled)
 
 # --- ssm_conv ---------------------------------------------------------------------------
 
@@ -291,7 +292,7 @@ def _ref_lightning_indexer(q, k, w, mask):
 
 
 def _lightning_samples(rng, t):
-    n_embd = 32 if t.is_quantized else 8
+    n_embd = max(32, t.blck_size) if t.is_quantized else 8      # k's rows: whole blocks
 
     def make(ne3, n_batch, n_head, n_kv, ne33=1, q_layout="contiguous", strided=False, inf=False):
         mask = np.where(rng.random((ne33, 1, n_batch, n_kv)) < 0.2, -np.inf if inf else -3.0,
@@ -399,7 +400,7 @@ OPINFOS = [
            note="snapshot slots beyond n_tokens are caller-owned (ggml.h), so samples keep K <= n_tokens"),
     OpInfo("solve_tri", ref=_ref_solve_tri, samples=_solve_tri_samples),
     OpInfo("lightning_indexer", ref=_ref_lightning_indexer, samples=_lightning_samples,
-           types=(Type.F32, Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0),
+           types=FLOATS + quantized_but(*SLOW_TO_QUANTIZE), unsampled=unsampled(SLOW_TO_QUANTIZE, SLOW_WHY),
            tol={Type.F16: 1e-7, Type.BF16: 1e-7},
            note="the type is k's (q and weights are F32, the mask F16); the reference sees k as stored, so "
                 "every k type is held to F32's bound"),
