@@ -158,7 +158,9 @@ WIDEN = 256
 FLOAT_TYPES = (pyggml.Type.F32, pyggml.Type.F16, pyggml.Type.BF16)
 # ops whose sample cannot be widened: the check cannot see their quantized types
 QUANTIZED_UNCHECKED = {
-    "dsv4_hc_comb",                                 # every ne0 is set by the hyper-connection count
+    # its builder asserts 4 hyper-connections (mixes' and base's rows of 24, scale's of 3: no
+    # quantized block fits) and every type F32 (ggml.c, ggml_dsv4_hc_comb)
+    "dsv4_hc_comb",
     "opt_step_adamw", "opt_step_sgd",               # their samples pass ready tensors
 }
 
