@@ -80,6 +80,7 @@ cdef class Tensor:
     cdef Storage _whole(self, str what)
     cdef Storage _data_storage(self, size_t span)
     cdef tuple _layout(self)
+    cdef object _exported(self, str what)
 
 
 # --- shared helpers --------------------------------------------------------------------

@@ -45,7 +45,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, GGMLAbort,
+from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, ExportError, GGMLAbort,
                            GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, KernelTimeout,
                            UpstreamDefect)
 

@@ -238,6 +238,23 @@ cdef class Context:
         self._borrowed.append(arr)
         return t
 
+    def from_dlpack(self, x, type=None):
+        """from_dlpack(x, type=None) -> Tensor
+
+        :meth:`from_numpy` of ``np.from_dlpack(x)``: a tensor of this context holding a copy
+        of any DLPack producer's host array (a torch or jax CPU tensor, a numpy array). The
+        context's memory is its own, so the values are copied in; to hand a pyggml tensor
+        out without a copy, the other way round, ``torch.from_dlpack(t)``.
+        """
+        need_open(self)
+        if not hasattr(x, "__dlpack__"):
+            raise GGMLTypeError(f"from_dlpack: {x.__class__.__name__} is not a DLPack producer (no __dlpack__)")
+        try:
+            arr = np.from_dlpack(x)
+        except (BufferError, TypeError, ValueError, RuntimeError) as e:
+            raise ExportError(f"from_dlpack: numpy cannot take this {x.__class__.__name__}: {e}") from None
+        return self.from_numpy(arr, type)
+
     def from_numpy(self, array, type=None):
         """from_numpy(array, type=None) -> Tensor
 

@@ -235,6 +235,54 @@ cdef class Tensor:
         self._check()
         return self._view(_shape_ndims(self.ptr))
 
+    # --- the array protocols: numpy's __array__ and DLPack, through numpy() -----------------
+
+    cdef object _exported(self, str what):
+        """numpy(), for a protocol that hands the memory to another library: refused with
+        ExportError where that view would not be the tensor's values as they are."""
+        self._check()
+        cdef ggml_type t = self.ptr.type
+        if ggml_is_quantized(t):
+            raise ExportError(f"{what}: a {Type(t).name} tensor has no element dtype (its blocks() are its bytes; "
+                              f"pyggml.dequantize gives F32 values)")
+        if t == GGML_TYPE_BF16:
+            raise ExportError(f"{what}: numpy has no BF16 dtype (numpy() shows the bits as uint16; "
+                              f"cpy the tensor to F32 in a graph for its values)")
+        try:
+            return self.numpy()
+        except ArgumentError as e:          # no data, device memory, outside its contexts
+            raise ExportError(f"{what}: {e}") from None
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: :meth:`numpy`, zero-copy. numpy 2's ``copy``: ``True`` copies,
+        ``False`` refuses (``ValueError``) a ``dtype`` that would need a copy, ``None`` copies
+        only for a ``dtype``. :class:`ExportError` for what has no numpy view."""
+        arr = self._exported("np.asarray")
+        if dtype is not None:
+            try:
+                dtype = np.dtype(dtype)
+            except TypeError as e:
+                raise GGMLTypeError(f"np.asarray: dtype {dtype!r} is not a numpy dtype ({e})") from None
+        if copy is False and dtype is not None and dtype != arr.dtype:
+            raise ArgumentError(f"np.asarray(copy=False): the tensor is {arr.dtype}; {dtype} needs a copy")
+        if copy:
+            return arr.astype(arr.dtype if dtype is None else dtype, copy=True)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The DLPack protocol (``torch.from_dlpack(t)``, ``np.from_dlpack(t)``): the capsule of
+        :meth:`numpy`'s view, zero-copy, which keeps the memory alive after the context
+        closes. Host memory only; :class:`ExportError` (a ``BufferError``) otherwise."""
+        arr = self._exported("__dlpack__")
+        kw = {k: v for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy))
+              if v is not None}
+        return arr.__dlpack__(stream=stream, **kw)
+
+    def __dlpack_device__(self):
+        """``(1, 0)``: DLPack's CPU device (kDLCPU), where host memory lies."""
+        self._exported("__dlpack_device__")
+        return (1, 0)
+
     def blocks(self):
         """blocks() -> ndarray of uint8
 

@@ -11,6 +11,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     │   └── KernelPreconditionError         the CPU kernel would abort or misread this node
     ├── GGMLTypeError (TypeError)           a wrong Python type, or a ggml type the op does not take
     ├── ContextFullError (MemoryError)      the result would not fit its context
+    ├── ExportError (BufferError)           no zero-copy array of this tensor: quantized, BF16, device memory
     ├── GGMLAbort (ValueError)              ggml itself would abort: .ggml_message is its message
     │   └── KernelTimeout                   a proof's child ran past its time: the kernel hangs (or is slow)
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
@@ -28,7 +29,7 @@ No code in pyggml tells errors apart by their text: it catches these classes.
 from __future__ import annotations
 
 __all__ = [
-    "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "GGMLAbort",
+    "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "ExportError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InUseError",
     "InternalError", "KernelPreconditionError", "KernelTimeout", "UnsafeForkError", "UnsupportedOpError",
     "UpstreamDefect",
@@ -66,6 +67,13 @@ class GGMLTypeError(GGMLError, TypeError):
 
 class ContextFullError(GGMLError, MemoryError):
     """The tensors (or graph) an operation creates would not fit in their context."""
+
+
+class ExportError(GGMLError, BufferError):
+    """The array protocols (``np.asarray``, ``__dlpack__``) cannot hand out this tensor's
+    memory as it is: a quantized type (no element dtype: see ``Tensor.blocks``), BF16 (numpy
+    has no dtype for it: ``Tensor.numpy`` shows its bits as uint16), memory that is not the
+    host's, or no data yet. A ``BufferError``, as the DLPack protocol asks of a producer."""
 
 
 class GGMLAbort(GGMLError, ValueError):
