@@ -94,7 +94,7 @@ from pyggml.errors import (
     UpstreamDefect,
 )
 from pyggml.defects import known_defects
-from pyggml.coverage import op_coverage
+from pyggml.coverage import differentiable, op_coverage
 from pyggml.attention import (
     attention_backward,
     attention_backward_node,
@@ -121,7 +121,7 @@ __all__ = [
     "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
     "attention_backward", "attention_backward_node", "build_info", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "flash_attn_ext_set_n_kv_max", "prec_set_acc", "prec_set_src", "ggml_version",
-    "known_defects", "mul_mat_set_hint", "mul_mat_set_prec", "rope_set_offset", "op_coverage", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",
+    "known_defects", "mul_mat_set_hint", "mul_mat_set_prec", "rope_set_offset", "op_coverage", "differentiable", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",
     "set_output", "set_param",
     *_op_names,
 ]

@@ -47,7 +47,7 @@ import numpy as np
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, ExportError, GGMLAbort,
                            GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, KernelTimeout,
-                           UpstreamDefect)
+                           UnsupportedOpError, UpstreamDefect)
 
 cnp.import_array()
 pyggml_guard_install()

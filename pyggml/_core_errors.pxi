@@ -26,6 +26,7 @@ _STATUS_TABLE = {
     PYGGML_OUT_OF_MEMORY: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
     PYGGML_CXX_EXCEPTION: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
     PYGGML_LACKS: (GGMLVersionError, "{where}: {msg}{detail}", None),
+    PYGGML_NO_BACKWARD: (UnsupportedOpError, "{where}: {msg}{detail}", "node"),
 }
 
 
@@ -53,6 +54,9 @@ cdef int raise_status(pyggml_status * st, str where, str detail="", tuple names=
         raise cls(text)
     if extra == "op":
         raise cls(text, _node_name(st.node) if st.node != NULL else "")
+    if extra == "node":
+        raise cls(text, op=_node_name(st.node) if st.node != NULL else "",
+                  node=st.node.name.decode("utf-8", "replace") if st.node != NULL else "")
     if extra == "defect":
         raise cls(text, st.defect.decode() if st.defect != NULL else "")
     if extra == "ggml_message":
@@ -97,6 +101,7 @@ _STATUS_CODES = {
     "PYGGML_PROOF_TIMEOUT": PYGGML_PROOF_TIMEOUT, "PYGGML_SYSTEM": PYGGML_SYSTEM,
     "PYGGML_COMPUTE_FAILED": PYGGML_COMPUTE_FAILED, "PYGGML_OUT_OF_MEMORY": PYGGML_OUT_OF_MEMORY,
     "PYGGML_CXX_EXCEPTION": PYGGML_CXX_EXCEPTION, "PYGGML_LACKS": PYGGML_LACKS,
+    "PYGGML_NO_BACKWARD": PYGGML_NO_BACKWARD,
 }
 
 

@@ -36,6 +36,16 @@ cdef size_t _stack_for(size_t n_nodes):
     return 0 if n_nodes < _DEEP else (1 << 20) + _FRAME_BYTES * n_nodes
 
 
+def _backward_sources(str op, sub=None):
+    """_backward_sources(op, sub=None) -> int  (for pyggml.differentiable)
+
+    The sources ggml's backward pass gives a gradient on a node of ``op`` (a ggml op name;
+    ``sub`` the unary or GLU op's): a bit mask (bit j: src j), or -1 where it has no case."""
+    cdef bytes o = op.encode()
+    cdef bytes s = sub.encode() if sub is not None else b""
+    return pyggml_backward_sources(o, <const char *>s if sub is not None else NULL)
+
+
 cdef class Executor:
     """The seam between a graph and what computes it. Graph.compute hands the graph to
     the installed executor (pyggml._cpu.CpuExecutor); subclasses override run/work."""

@@ -31,6 +31,7 @@ cdef extern from "pyggml_rt.h" nogil:
         PYGGML_OUT_OF_MEMORY
         PYGGML_CXX_EXCEPTION
         PYGGML_LACKS
+        PYGGML_NO_BACKWARD
         PYGGML_CODE_COUNT
     ctypedef struct pyggml_status:
         int code
@@ -68,6 +69,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_checks_enabled()
     void pyggml_set_fab_batch_gqa_fixed(int fixed)
     int pyggml_check_backward(ggml_cgraph * graph, pyggml_status * st)
+    int pyggml_backward_sources(const char * op, const char * sub)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
     int pyggml_check_indices(const ggml_tensor * node, pyggml_status * st)
     int pyggml_check_ready_indices(ggml_cgraph * graph, pyggml_status * st)

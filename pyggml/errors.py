@@ -16,7 +16,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     │   └── KernelTimeout                   a proof's child ran past its time: the kernel hangs (or is slow)
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
-    ├── UnsupportedOpError (NotImplementedError)  a backend (or kernel) cannot compute this node
+    ├── UnsupportedOpError (NotImplementedError)  a backend cannot compute this node, or ggml cannot differentiate it
     ├── InUseError (RuntimeError)           close() or re-entry of what a compute, scheduler or optimizer uses
     │   └── GraphBusyError                  another thread computes (or builds) this graph
     ├── UnsafeForkError (RuntimeError)      threads requested where a fork left OpenMP unusable
@@ -114,8 +114,10 @@ class GGMLVersionError(GGMLError, NotImplementedError):
 
 class UnsupportedOpError(GGMLError, NotImplementedError):
     """A backend cannot compute a node of the graph (``ggml_backend_supports_op`` is
-    false; ggml's backends abort on such a node). ``.op`` is the node's op name,
-    ``.node`` its tensor name, ``.backend`` the backend's."""
+    false; ggml's backends abort on such a node), or ggml's backward pass has no gradient
+    for it (``build_backward_expand``; ``pyggml.differentiable``). ``.op`` is the node's op
+    name (``"UNARY:TANH"``), ``.node`` its tensor name, ``.backend`` the backend's ("" for
+    the backward pass)."""
 
     def __init__(self, message: str, op: str = "", node: str = "", backend: str = ""):
         super().__init__(message)

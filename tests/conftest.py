@@ -1,4 +1,6 @@
+import faulthandler
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +27,18 @@ except ImportError as e:  # pragma: no cover - a setup problem, not a test failu
 def ctx():
     with pyggml.Context(64 * 1024 * 1024) as c:
         yield c
+
+
+@pytest.fixture
+def quiet_faulthandler():
+    """pytest's faulthandler, enabled after conftest imported pyggml, sees a fault (SIGFPE,
+    SIGSEGV) before pyggml's guard does: it prints "Fatal Python error" and passes the
+    signal on. Off for the duration of a test that makes a guarded call fault on purpose."""
+    was = faulthandler.is_enabled()
+    faulthandler.disable()
+    yield
+    if was:
+        faulthandler.enable(file=sys.__stderr__)
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ stride (a SIGFPE inside the builder, raised as GGMLAbort).
 Shapes are numpy order (ggml's ne reversed).
 """
 
-import faulthandler
-import sys
 
 import numpy as np
 import pytest
@@ -915,18 +913,6 @@ STRIDE_ZERO = [
     ("conv_3d_direct", lambda c: pyggml.conv_3d_direct(c, rand(c, (4, 3, 3, 3)), rand(c, (2, 5, 5, 5)),
                                                        1, 1, 0, 0, 0, 0, 1, 1, 1, 2, 1, 2)),
 ]
-
-
-@pytest.fixture
-def quiet_faulthandler():
-    """pytest's faulthandler, enabled after conftest imported pyggml, sees a SIGFPE before
-    pyggml's guard does: it prints "Fatal Python error" and passes the signal on. Off for
-    the duration of a test that raises SIGFPE on purpose."""
-    was = faulthandler.is_enabled()
-    faulthandler.disable()
-    yield
-    if was:
-        faulthandler.enable(file=sys.__stderr__)
 
 
 @pytest.mark.parametrize("name, build", STRIDE_ZERO, ids=[n for n, _ in STRIDE_ZERO])

@@ -32,6 +32,92 @@ static int ignored_src(const struct ggml_tensor * t, int j) {
     return 0;
 }
 
+/* The cases of ggml_compute_backward (ggml.c) and the sources each gives a gradient (bit j:
+ * src j), read off its switch in 0.20.2 and 0.25.3 (the same there). An op without a case
+ * reaches its default, GGML_ABORT; so do the unary and GLU ops without one. WIN_PART and
+ * WIN_UNPART are not here although the switch names them: they fall through into UNARY's
+ * case, whose ggml_get_unary_op asserts the op is UNARY. `asserted`:
+ * the sources a case asserts need no gradient (SOFT_MAX's mask, ROPE's frequency factors,
+ * CROSS_ENTROPY_LOSS's labels). Any other source that needs a gradient and gets none from
+ * the case is dereferenced as a NULL gradient by the shape assertions after the switch
+ * (a crash), unless a later node gave it one: check_given. Names, not enum values, so
+ * that one source builds against a release that lacks an op. */
+typedef struct backward_case {
+    const char * op;
+    const char * sub;      /* the unary / GLU op, or NULL */
+    int sources;
+    int asserted;
+} backward_case;
+
+static const backward_case backward_cases[] = {
+    {"NONE", NULL, 0, 0}, {"DUP", NULL, 1, 0}, {"ADD", NULL, 3, 0}, {"ADD1", NULL, 3, 0}, {"ACC", NULL, 3, 0},
+    {"SUB", NULL, 3, 0}, {"MUL", NULL, 3, 0}, {"DIV", NULL, 3, 0}, {"SQR", NULL, 1, 0}, {"SQRT", NULL, 1, 0},
+    {"LOG", NULL, 1, 0}, {"SIN", NULL, 1, 0}, {"COS", NULL, 1, 0}, {"SUM", NULL, 1, 0}, {"SUM_ROWS", NULL, 1, 0},
+    {"MEAN", NULL, 1, 0}, {"REPEAT", NULL, 1, 0}, {"REPEAT_BACK", NULL, 1, 0}, {"RMS_NORM", NULL, 1, 0},
+    {"MUL_MAT", NULL, 3, 0}, {"SCALE", NULL, 1, 0}, {"SET", NULL, 3, 0}, {"CPY", NULL, 1, 0}, {"CONT", NULL, 1, 0},
+    {"RESHAPE", NULL, 1, 0}, {"VIEW", NULL, 1, 0}, {"PERMUTE", NULL, 1, 0}, {"TRANSPOSE", NULL, 1, 0},
+    {"GET_ROWS", NULL, 1, 0}, {"DIAG_MASK_INF", NULL, 1, 0}, {"DIAG_MASK_ZERO", NULL, 1, 0},
+    {"SOFT_MAX", NULL, 1, 2}, {"ROPE", NULL, 1, 4}, {"IM2COL", NULL, 2, 0}, {"POOL_2D", NULL, 1, 0},
+    {"CROSS_ENTROPY_LOSS", NULL, 1, 2},
+    {"UNARY", "ABS", 1, 0}, {"UNARY", "SGN", 0, 0}, {"UNARY", "NEG", 1, 0}, {"UNARY", "STEP", 0, 0},
+    {"UNARY", "RELU", 1, 0}, {"UNARY", "SILU", 1, 0}, {"UNARY", "EXP", 1, 0}, {"UNARY", "EXPM1", 1, 0},
+    {"UNARY", "SOFTPLUS", 1, 0}, {"GLU", "SWIGLU", 3, 0},
+};
+
+static const backward_case * find_case(const char * op, const char * sub) {
+    for (size_t i = 0; i < sizeof backward_cases / sizeof backward_cases[0]; i++) {
+        const backward_case * c = &backward_cases[i];
+        if (strcmp(c->op, op) == 0 && (c->sub == NULL || (sub != NULL && strcmp(c->sub, sub) == 0))) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+int pyggml_backward_sources(const char * op, const char * sub) {
+    const backward_case * c = find_case(op, sub);
+    return c != NULL ? c->sources : -1;
+}
+
+static const char * sub_name(const struct ggml_tensor * t) {
+    if (op_is(t, "UNARY")) {
+        return ggml_unary_op_name((enum ggml_unary_op) t->op_params[0]);
+    }
+    if (op_is(t, "GLU")) {
+        return ggml_glu_op_name((enum ggml_glu_op) t->op_params[0]);
+    }
+    return NULL;
+}
+
+static void node_op(const struct ggml_tensor * t, char * op, size_t cap) {
+    const char * sub = sub_name(t);
+    snprintf(op, cap, "%s%s%s", ggml_op_name(t->op), sub != NULL ? ":" : "", sub != NULL ? sub : "");
+}
+
+/* A node the backward pass reaches with a gradient (needs: which of its sources need one,
+ * ignored or not): PYGGML_OK, or PYGGML_NO_BACKWARD where ggml_compute_backward would
+ * abort in its switch. */
+static int check_has_backward(const struct ggml_tensor * t, int i, const int * needs, pg_why * why) {
+    char op[96];
+    node_op(t, op, sizeof op);
+    const backward_case * c = find_case(ggml_op_name(t->op), sub_name(t));
+    if (c == NULL) {
+        return pg_no_backward(why, "node %d '%s' (%s): ggml's backward pass has no gradient for %s (ggml_compute_backward "
+                              "would abort; pyggml.differentiable says which ops have one)", i, t->name, op, op);
+    }
+    if (op_is(t, "GLU") && t->src[1] == NULL && needs[0]) {
+        return pg_no_backward(why, "node %d '%s' (%s) of one tensor: ggml's backward pass differentiates the split form "
+                              "only (swiglu_split), and would abort", i, t->name, op);
+    }
+    for (int j = 0; j < GGML_MAX_SRC; j++) {
+        if (needs[j] && (c->asserted & (1 << j))) {
+            return pg_no_backward(why, "node %d '%s' (%s): ggml's backward pass has no gradient for its src%d, which "
+                                  "depends on a parameter, and asserts so (it would abort)", i, t->name, op, j);
+        }
+    }
+    return PYGGML_OK;
+}
+
 static int ptrset_has(pg_ptrset * s, const void * p) {
     int added = pg_ptrset_add(s, (uintptr_t) p);
     if (added == 1) {
@@ -94,10 +180,12 @@ int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
             continue;
         }
         int need = (t->flags & GGML_TENSOR_FLAG_PARAM) || (t->flags & GGML_TENSOR_FLAG_LOSS);
-        int src_needs[GGML_MAX_SRC] = {0};
+        int src_needs[GGML_MAX_SRC] = {0};      /* the sources that make this node need a gradient */
+        int raw_needs[GGML_MAX_SRC] = {0};      /* ignored by that or not: ggml_compute_backward's */
         for (int j = 0; j < GGML_MAX_SRC; j++) {
             struct ggml_tensor * s = t->src[j];
-            if (s != NULL && !ignored_src(t, j) && ptrset_has(&needs, s)) {
+            raw_needs[j] = s != NULL && ptrset_has(&needs, s);
+            if (raw_needs[j] && !ignored_src(t, j)) {
                 src_needs[j] = 1;
                 need = 1;
             }
@@ -105,9 +193,36 @@ int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
         if (!need) {
             continue;
         }
+        /* ggml_build_backward_expand asserts these of every node that needs a gradient */
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            if (src_needs[j]) {   /* the first such source only: ggml stops there */
+                if (t->src[j]->type != GGML_TYPE_F32 && t->src[j]->type != GGML_TYPE_F16) {
+                    rc = pg_refuse_type(&why, "node %d '%s' (%s): its src%d is %s; ggml's backward pass "
+                                        "differentiates F32 and F16 tensors only", i, t->name,
+                                        ggml_op_name(t->op), j, ggml_type_name(t->src[j]->type));
+                    st->node = t;
+                }
+                break;
+            }
+        }
+        if (rc == PYGGML_OK && t->view_src != NULL && !op_is(t, "CPY") && !op_is(t, "SET_ROWS") && !op_is(t, "VIEW") &&
+            !op_is(t, "RESHAPE") && !op_is(t, "PERMUTE") && !op_is(t, "TRANSPOSE")) {
+            rc = pg_no_backward(&why, "node %d '%s' (%s) is in place (a view of its source's memory): ggml's backward "
+                             "pass takes no in-place ops and would abort; use the op's out-of-place form", i,
+                             t->name, ggml_op_name(t->op));
+            st->node = t;
+        }
+        if (rc != PYGGML_OK) {
+            break;
+        }
         pg_ptrset_add(&needs, (uintptr_t) t);
         if (!ptrset_has(&has, t)) {
             continue;           /* no gradient flows back through this node */
+        }
+        rc = check_has_backward(t, i, raw_needs, &why);
+        if (rc != PYGGML_OK) {
+            st->node = t;
+            break;
         }
         /* ggml.c, case GGML_OP_ADD1: the gradient of the scalar b is ggml_mean(grad), not its sum */
         if (op_is(t, "ADD1") && src_needs[1]) {
@@ -196,10 +311,41 @@ int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st) {
             }
         }
     }
+    /* ggml_compute_backward runs from the last node to the first, and after its switch
+     * asserts the shape of the gradient of every source that needs one: where neither the
+     * node's case nor a later node gave that source a gradient, the gradient is NULL and
+     * the assertion dereferences it */
+    pg_ptrset given = {0};
+    for (int i = n - 1; i >= 0 && rc == PYGGML_OK; i--) {
+        struct ggml_tensor * t = ggml_graph_node(graph, i);
+        if (!ptrset_has(&needs, t) || !ptrset_has(&has, t)) {
+            continue;
+        }
+        const backward_case * c = find_case(ggml_op_name(t->op), sub_name(t));
+        for (int j = 0; j < GGML_MAX_SRC && c != NULL; j++) {
+            struct ggml_tensor * s = t->src[j];
+            if (s == NULL || !ptrset_has(&needs, s)) {
+                continue;
+            }
+            if (c->sources & (1 << j)) {
+                pg_ptrset_add(&given, (uintptr_t) s);
+            } else if (!ptrset_has(&given, s)) {
+                char op[96];
+                node_op(t, op, sizeof op);
+                rc = pg_no_backward(&why, "node %d '%s' (%s): ggml's backward pass gives its src%d ('%s') no gradient, "
+                                    "though that source needs one (it is a parameter or depends on one) and no "
+                                    "later node gives it one: ggml would read a NULL gradient (a crash)", i, t->name,
+                                    op, j, s->name);
+                st->node = t;
+                break;
+            }
+        }
+    }
+    pg_ptrset_free(&given);
     pg_ptrset_free(&needs);
     pg_ptrset_free(&has);
     if (rc != PYGGML_OK) {
-        st->defect = why.defect;    /* every refusal here is a known defect */
+        st->defect = why.defect;
         rc = why.defect != NULL ? PYGGML_DEFECT : rc;
     }
     return st->code = rc;

@@ -41,6 +41,14 @@ int pg_lacks(pg_why * why, const char * fmt, ...) {
     return rc;
 }
 
+int pg_no_backward(pg_why * why, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = say(why, PYGGML_NO_BACKWARD, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 int pg_kernel_aborts(pg_why * why, int rc) {
     why->aborts = 1;
     return rc;

@@ -39,6 +39,12 @@ int pg_lacks(pg_why * why, const char * fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* the same, for a node ggml's backward pass has no gradient for (UnsupportedOpError) */
+int pg_no_backward(pg_why * why, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 /* the same, for a type the kernel does not take (a TypeError in Python) */
 int pg_refuse_type(pg_why * why, const char * fmt, ...)
 #if defined(__GNUC__)

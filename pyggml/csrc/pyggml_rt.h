@@ -50,6 +50,7 @@ enum pyggml_code {
     PYGGML_OUT_OF_MEMORY = 14,  /* ggml's C++ threw std::bad_alloc, or pyggml's runtime ran out */
     PYGGML_CXX_EXCEPTION = 15,  /* ggml's C++ threw another exception */
     PYGGML_LACKS = 16,          /* a node asks what the linked ggml lacks (a mode its ggml.h does not define) */
+    PYGGML_NO_BACKWARD = 17,    /* ggml's backward pass has no gradient for this node (or this source of it) */
     PYGGML_CODE_COUNT
 };
 typedef struct pyggml_status {
@@ -261,9 +262,17 @@ typedef enum ggml_status (*pyggml_compute_fn)(struct ggml_cgraph * graph, void *
 PYGGML_RT_API int pyggml_compute_checked_with(struct ggml_cgraph * graph, pyggml_compute_fn compute, void * arg,
                                               pyggml_status * st);
 
-/* Known defects of ggml's backward pass that this forward graph would hit (pyggml.defects):
- * PYGGML_OK, or PYGGML_DEFECT (st->defect its id). */
+/* What ggml's backward pass would abort on or get wrong in this forward graph, before it
+ * runs: PYGGML_OK; PYGGML_NO_BACKWARD for a node (st->node) that ggml_compute_backward has
+ * no gradient for (an op without a case, a source its case does not differentiate, an
+ * in-place node); PYGGML_REFUSED_TYPE for a gradient of a type it does not take;
+ * PYGGML_DEFECT (st->defect its id) for a known defect (pyggml.defects). */
 PYGGML_RT_API int pyggml_check_backward(struct ggml_cgraph * graph, pyggml_status * st);
+
+/* The sources ggml_compute_backward gives a gradient for, on a node of op `op` (a
+ * ggml_op_name) and `sub` (the ggml_unary_op_name / ggml_glu_op_name for UNARY / GLU, else
+ * NULL): a bit mask (bit j: src j), or -1 where it has no case for the op (it aborts). */
+PYGGML_RT_API int pyggml_backward_sources(const char * op, const char * sub);
 
 /* Testing only: with rules disabled every node reads as PYGGML_UNCHECKED (so graphs are
  * proven in a guarded child); returns the previous setting. */
