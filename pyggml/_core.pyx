@@ -142,6 +142,9 @@ OpHint = IntEnum("OpHint", _OPHINT_MEMBERS, module=__name__)
 OpHint.__doc__ = ("hints for a MUL_MAT node (``enum ggml_op_hint``, :func:`mul_mat_set_hint`); values come "
                   "from the compiled header (none where it lacks the enum).")
 TriType = IntEnum("TriType", _TRITYPE_MEMBERS, module=__name__)
+RopeType = IntEnum("RopeType", _ROPETYPE_MEMBERS, module=__name__)
+RopeType.__doc__ = ("rope modes (ggml.h's ``GGML_ROPE_TYPE_*`` #defines: the ``mode`` of the rope builders); "
+                    "values come from the compiled header.")
 
 _NUMPY_DTYPE = {
     Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16),

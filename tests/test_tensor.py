@@ -187,3 +187,15 @@ def test_type_enum_matches_ggml():
     assert Type.F32.numpy_dtype == np.float32
     assert Type.BF16.numpy_dtype == np.uint16
     assert Type.Q4_0.numpy_dtype is None
+
+
+def test_rope_type_is_ggml_h_s_defines():
+    # RopeType: the GGML_ROPE_TYPE_* #defines of the header this build compiled, read by the
+    # generator and valued by the compiler; the samples' table (opinfo/_common.py) agrees
+    from pyggml.opinfo._common import ROPE_MODES
+    members = {m.name: int(m) for m in pyggml.RopeType}
+    assert members and all(ROPE_MODES[name] == value for name, value in members.items())
+    assert {"NORMAL", "NEOX"} <= set(members) and pyggml.RopeType.NEOX == 2
+    assert "mode: RopeType or int" in pyggml.rope_ext.__doc__
+    assert "mode: RopeType or int" in pyggml.rope_multi_back.__doc__
+    assert "mode: ScaleMode or int" in pyggml.interpolate.__doc__

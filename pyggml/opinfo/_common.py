@@ -30,6 +30,13 @@ def _readable(t: Type) -> bool:
 
 
 # every quantized type of the linked ggml
+# Rope modes (ggml.h's GGML_ROPE_TYPE_* #defines, pyggml.RopeType), written out once for the
+# samples: an older ggml's header lacks some (IMROPE), and its samples still ask for them (to
+# be refused: GGMLVersionError). tests/test_opinfo.py holds them against the linked header's.
+ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
+ROPE_MODES = {"NORMAL": ROPE_NORMAL, "NEOX": ROPE_NEOX, "MROPE": ROPE_MROPE, "VISION": ROPE_VISION,
+              "IMROPE": ROPE_IMROPE}
+
 QUANTIZED = tuple(t for t in Type if t.is_quantized)
 # the types ggml has only as the other side of a dot product (an F32 b converted for a's
 # vec_dot): no to_float, so no reference can read a tensor of them (Q8_1, Q8_K)

@@ -31,12 +31,12 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import SLOW_TO_QUANTIZE, SLOW_WHY, normal, quantized_but, rope_ndims0_defect, unsampled
+from pyggml.opinfo._common import (ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORMAL, ROPE_VISION, SLOW_TO_QUANTIZE, SLOW_WHY,
+                                   normal, quantized_but, rope_ndims0_defect, unsampled)
 
 F32 = np.float32
 NEG_INF = -np.inf
 
-ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
 
 
 def _f(x) -> float:

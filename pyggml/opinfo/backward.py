@@ -12,13 +12,12 @@ import math
 import numpy as np
 
 from pyggml import reference
-from pyggml._core import Type
+from pyggml._core import OpPool, Type
 from pyggml.opinfo import Arg, OpInfo, Sample
-from pyggml.opinfo._common import (QUANTIZED, SHAPE_WHY, broadcast_pairs, normal, rope_ndims0_defect, shapes_unary,
-                                   uniform, unsampled)
+from pyggml.opinfo._common import (QUANTIZED, ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORMAL, ROPE_VISION, SHAPE_WHY,
+                                   broadcast_pairs, normal, rope_ndims0_defect, shapes_unary, uniform, unsampled)
 
-ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
-POOL_MAX, POOL_AVG = 0, 1          # enum ggml_op_pool
+POOL_MAX, POOL_AVG = int(OpPool.MAX), int(OpPool.AVG)
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
