@@ -52,6 +52,18 @@ static inline struct ggml_tensor * ggml_rope_set_offset(struct ggml_tensor * a, 
 }
 #endif
 
+#if !PYGGML_HAVE_ADD_SINKS
+/* never called: soft_max_add_sinks() and flash_attn_ext_add_sinks() raise GGMLVersionError first */
+static inline void ggml_soft_max_add_sinks(struct ggml_tensor * a, struct ggml_tensor * sinks) {
+    (void) a;
+    (void) sinks;
+}
+static inline void ggml_flash_attn_ext_add_sinks(struct ggml_tensor * a, struct ggml_tensor * sinks) {
+    (void) a;
+    (void) sinks;
+}
+#endif
+
 #if !PYGGML_HAVE_FA_N_KV_MAX
 /* never called: flash_attn_ext_set_n_kv_max() raises GGMLVersionError first */
 static inline void ggml_flash_attn_ext_set_n_kv_max(struct ggml_tensor * a, int32_t n_kv_max) {

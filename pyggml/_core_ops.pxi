@@ -364,6 +364,69 @@ def flash_attn_ext_set_n_kv_max(a, n_kv_max):
     ggml_flash_attn_ext_set_n_kv_max(t.ptr, n)
 
 
+cdef object _add_sinks(str what, object a, object sinks, str op, int slot):
+    """ggml_soft_max_add_sinks / ggml_flash_attn_ext_add_sinks: what ggml asserts, checked
+    first; the node checked against its kernel's rule with the sinks in place before it
+    changes; the node's context then keeps the sinks' alive, and every graph looks again
+    for tensors without data (a graph built before may now reach the sinks)."""
+    global _placement_epoch
+    cdef Tensor t = arg_tensor(a, "a", what)
+    cdef Tensor s = arg_tensor_or_none(sinks, "sinks", what)
+    cdef ggml_tensor probe
+    if not PYGGML_HAVE_ADD_SINKS:
+        raise version_error(what, f"ggml_{what} is newer than this ggml")
+    if ggml_op_name(t.ptr.op).decode() != op:
+        raise ArgumentError(f"{what}: a must be a {op} node, not {t.op}")
+    if s is None:
+        if slot == 2:
+            ggml_soft_max_add_sinks(t.ptr, NULL)
+        else:
+            ggml_flash_attn_ext_add_sinks(t.ptr, NULL)
+        return a
+    need_open(s.ctx, "sinks")
+    if t.ptr.src[slot] != NULL:
+        raise ArgumentError(f"{what}: a already has sinks (src{slot}); remove them first with sinks=None")
+    if s.ptr.type != GGML_TYPE_F32:
+        raise GGMLTypeError(f"{what}: sinks must be F32, not {ggml_type_name(s.ptr.type).decode()}")
+    if t.ptr.src[0].ne[2] != s.ptr.ne[0]:
+        raise ArgumentError(f"{what}: sinks need one value per head: ne[0] = {s.ptr.ne[0]}, but the node's "
+                            f"src0 has ne[2] = {t.ptr.src[0].ne[2]} heads")
+    probe = t.ptr[0]                    # the node as it would be (its sources shared)
+    probe.src[slot] = s.ptr
+    check_node_named(&probe, what, ("sinks",), (s,))
+    if slot == 2:
+        ggml_soft_max_add_sinks(t.ptr, s.ptr)
+    else:
+        ggml_flash_attn_ext_add_sinks(t.ptr, s.ptr)
+    t.ctx._depend_on(s.ctx)
+    _placement_epoch += 1
+    return a
+
+
+def soft_max_add_sinks(a, sinks):
+    """soft_max_add_sinks(a, sinks) -> a: attention sinks for a SOFT_MAX node
+    (``ggml_soft_max_add_sinks``): each row of head h is normalized as if it had one more
+    logit, ``sinks[h]``, that takes its share of the sum and has no output. ``sinks``: F32,
+    one value per head (``ne[0]`` = ``a``'s src0 ``ne[2]``); None removes them. ``a`` is
+    changed in place and returned; build its graph after this.
+
+    GGMLVersionError where the linked ggml lacks it; ArgumentError for what ggml asserts (a
+    node of another op, sinks already set, a head count that differs), GGMLTypeError for
+    sinks that are not F32; KernelPreconditionError for sinks the CPU kernel misreads
+    (strided). The node is checked with its sinks before it changes: a refusal leaves it as
+    it was."""
+    return _add_sinks("soft_max_add_sinks", a, sinks, "SOFT_MAX", 2)
+
+
+def flash_attn_ext_add_sinks(a, sinks):
+    """flash_attn_ext_add_sinks(a, sinks) -> a: attention sinks for a FLASH_ATTN_EXT node
+    (``ggml_flash_attn_ext_add_sinks``): the softmax over each query's keys gets one more
+    logit per head, ``sinks[h]``, with no value. ``sinks``: F32, one value per head
+    (``ne[0]`` = q's ``ne[2]``); None removes them. Checked and changed as
+    :func:`soft_max_add_sinks` is."""
+    return _add_sinks("flash_attn_ext_add_sinks", a, sinks, "FLASH_ATTN_EXT", 4)
+
+
 def rope_set_offset(a, n_offs):
     """rope_set_offset(a, n_offs) -> a: rotate each row's n_dims elements from element
     ``n_offs`` on, instead of from 0 (``ggml_rope_set_offset``, in ggml after 0.20.2).

@@ -21,6 +21,7 @@ cdef extern from "_compat.h" nogil:
         PYGGML_HAVE_USE_REF
         PYGGML_HAVE_CUSTOM_4D
         PYGGML_HAVE_ROPE_SET_OFFSET
+        PYGGML_HAVE_ADD_SINKS
         PYGGML_HAVE_FA_N_KV_MAX
         PYGGML_HAVE_PREC_SET
         PYGGML_HAVE_MUL_MAT_SET_HINT
@@ -165,6 +166,8 @@ cdef extern from "_compat.h" nogil:
     ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)   # _compat.h: a no-op stand-in where absent
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     void ggml_flash_attn_ext_set_n_kv_max(ggml_tensor * a, int32_t n_kv_max)   # _compat.h: a stand-in where absent
+    void ggml_soft_max_add_sinks(ggml_tensor * a, ggml_tensor * sinks)          # the same
+    void ggml_flash_attn_ext_add_sinks(ggml_tensor * a, ggml_tensor * sinks)    # the same
     bint ggml_prec_set_acc(ggml_tensor * a, ggml_prec prec)                 # the same
     bint ggml_prec_set_src(ggml_tensor * a, ggml_prec prec, int idx)        # the same
     void ggml_set_loss(ggml_tensor * tensor)

@@ -87,7 +87,7 @@ def differentiable(op) -> bool:
     """
     if isinstance(op, _core.Tensor):
         node = op
-        if node.op == "GLU" and node.src[1] is None:
+        if node.op == "GLU" and (len(node.src) < 2 or node.src[1] is None):
             return False
         if node.view_src is not None and node.op not in _VIEWS_WITH_BACKWARD:
             return False                    # in place: ggml_build_backward_expand asserts

@@ -96,15 +96,22 @@ def _ref_soft_max(a):
     return _softmax_rows(np.asarray(a, np.float64))
 
 
-def _ref_soft_max_ext(a, mask, scale, max_bias):
+def _ref_soft_max_ext(a, mask, scale, max_bias, sinks=None):
+    """``sinks`` (soft_max_add_sinks): one more logit per head, raw (not scaled, no slope),
+    that takes its share of each row's sum and has no output."""
     a = np.asarray(a, np.float64)
     x = _as4(a) * _f(scale)
+    n3, n2, n1, _ = x.shape
     if mask is not None:
-        n3, n2, n1, _ = x.shape
         m = _as4(mask)[:, :, :n1, :]                      # padded rows: the first n1
         m = m[_tile_idx(n3, m.shape[0])][:, _tile_idx(n2, m.shape[1])]
         x = x + alibi_slopes(n2, _f(max_bias))[None, :, None, None] * m
-    return _softmax_rows(x).reshape(a.shape)
+    if sinks is None:
+        return _softmax_rows(x).reshape(a.shape)
+    sk = np.asarray(sinks, np.float64).reshape(-1)[:n2][None, :, None, None]
+    mx = np.maximum(np.max(x, axis=-1, keepdims=True), sk)
+    e = np.exp(x - mx)
+    return (e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sk - mx))).reshape(a.shape)
 
 
 def _soft_max_samples(rng, t):
@@ -318,9 +325,10 @@ def _rope_multi_samples(rng, t):
 
 # --- flash_attn_ext -----------------------------------------------------------------------------
 
-def flash_attn_reference(q, k, v, mask, scale, max_bias, logit_softcap):
+def flash_attn_reference(q, k, v, mask, scale, max_bias, logit_softcap, sinks=None):
     """softmax(softcap(scale*q.k) + slope*mask) @ v per query head, float64, in
-    ggml's permuted result layout: numpy (ne3, N, H, DV)."""
+    ggml's permuted result layout: numpy (ne3, N, H, DV). ``sinks``
+    (flash_attn_ext_add_sinks): one more logit per query head, raw, with no value."""
     q4, k4, v4 = _as4(q), _as4(k), _as4(v)
     B, H, N, _ = q4.shape
     M = k4.shape[2]
@@ -335,9 +343,15 @@ def flash_attn_reference(q, k, v, mask, scale, max_bias, logit_softcap):
         m = m[_tile_idx(B, m.shape[0])][:, _tile_idx(H, m.shape[1])]
         s = s + alibi_slopes(H, _f(max_bias))[None, :, None, None] * m
     mx = np.max(s, axis=-1, keepdims=True) if M else np.zeros(s.shape[:-1] + (1,))
+    sk = None
+    if sinks is not None:
+        sk = np.asarray(sinks, np.float64).reshape(-1)[:H][None, :, None, None]
+        mx = np.maximum(mx, sk)
     dead = ~np.isfinite(mx)
     p = np.exp(s - np.where(dead, 0.0, mx))
     den = np.sum(p, axis=-1, keepdims=True)
+    if sk is not None:
+        den = den + np.exp(sk - mx)
     o = (p @ vh) / np.where(den == 0, 1.0, den)
     o = np.where(dead | (den == 0), 0.0, o)
     return o.transpose(0, 2, 1, 3)
