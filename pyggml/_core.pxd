@@ -85,6 +85,7 @@ cdef class Tensor:
 
 # --- shared helpers --------------------------------------------------------------------
 cdef Tensor wrap(Context ctx, ggml_tensor * p)
+cdef Tensor wrap_rank(Context ctx, ggml_tensor * p, int rank)
 cdef int need_open(Context ctx, str arg=*) except -1
 
 # arguments of the generated op wrappers: check and convert, or raise naming the argument

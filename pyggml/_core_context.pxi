@@ -182,7 +182,7 @@ cdef class Context:
         cdef int64_t data = _data_nbytes(typ, cne)
         self._reserve(_OBJECT_SIZE + _pad(sizeof(ggml_tensor) + (0 if self.no_alloc else <uint64_t>data)),
                       "new_tensor")
-        return wrap(self, ggml_new_tensor(self.ptr, typ, n, cne))
+        return wrap_rank(self, ggml_new_tensor(self.ptr, typ, n, cne), n)
 
     def _align_next_data(self, size_t alignment=64):
         """_align_next_data(alignment=64)  (private: for pyggml's own contexts)
@@ -285,8 +285,14 @@ cdef class Context:
                 raise GGMLTypeError(f"from_numpy: array must be numeric, not {array.__class__.__name__} "
                                     f"of Python objects")
         cdef int nd = cnp.PyArray_NDIM(arr), i
-        if not 1 <= nd <= GGML_MAX_DIMS:
-            raise ArgumentError(f"from_numpy: array must have 1 to {GGML_MAX_DIMS} dimensions, got {nd}")
+        cdef int rank = nd
+        if not 0 <= nd <= GGML_MAX_DIMS:
+            raise ArgumentError(f"from_numpy: array must have 0 to {GGML_MAX_DIMS} dimensions, got {nd}")
+        if nd == 0:                     # a 0-d array: one element, ne = (1, 1, 1, 1), rank 0
+            if type is not None:
+                raise ArgumentError("from_numpy: a 0-d array has no rows of blocks; give a 1-d array with type=")
+            arr = arr.reshape(1)
+            nd = 1
         cdef int typ = _ggml_type_of_npy(cnp.PyArray_TYPE(arr)) if type is None else -1
         cdef int64_t ne[4]
         cdef cnp.npy_intp * dims = cnp.PyArray_DIMS(arr)
@@ -304,7 +310,7 @@ cdef class Context:
                 ne[i] = shape[nd - 1 - i] if i < nd else 1
         cdef int64_t data = _data_nbytes(<ggml_type>typ, ne)
         self._reserve(_OBJECT_SIZE + _pad(sizeof(ggml_tensor) + <uint64_t>data), "from_numpy")
-        cdef Tensor t = wrap(self, ggml_new_tensor(self.ptr, <ggml_type>typ, nd, ne))
+        cdef Tensor t = wrap_rank(self, ggml_new_tensor(self.ptr, <ggml_type>typ, nd, ne), rank)
         if cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_NBYTES(arr) == data:
             if data:     # the common case: one memcpy, no numpy machinery
                 memcpy(t.ptr.data, cnp.PyArray_DATA(arr), data)

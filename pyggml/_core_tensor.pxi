@@ -1,6 +1,12 @@
 # Included by _core.pyx: the Tensor.
 
-cdef inline int _shape_ndims(const ggml_tensor * p):
+# The numpy rank. ggml keeps every tensor 4-d (ne[i] = 1 past its dimensions); numpy keeps
+# the rank apart, and a (1, H) array is not an (H,) one. pyggml keeps the rank a tensor
+# was given (from_numpy, new_tensor, reshape_Nd / view_Nd / cont_Nd) or derived for it (an
+# op's result, when first wrapped) in the tensor's padding[0], as rank + 1: ggml zeroes
+# that byte and never reads it, so 0 means none kept (tensors ggml made itself).
+
+cdef inline int _ggml_ndims(const ggml_tensor * p):
     # ggml_n_dims counts up to the last dimension > 1; a 0 beyond it must stay
     cdef int i, n = ggml_n_dims(p)
     for i in range(n, GGML_MAX_DIMS):
@@ -9,11 +15,64 @@ cdef inline int _shape_ndims(const ggml_tensor * p):
     return n
 
 
+cdef inline int _shape_ndims(const ggml_tensor * p):
+    """The numpy rank: the rank kept, where it covers ggml's dimensions (the dimensions past
+    ggml's are 1), else ggml's; 0 only for a one-element tensor kept so."""
+    cdef int n = _ggml_ndims(p)
+    cdef int kept = <int>p.padding[0] - 1
+    if kept > n or (kept == 0 and n == 1 and p.ne[0] == 1):
+        return kept
+    return n
+
+
+cdef inline void set_rank(ggml_tensor * p, int rank) noexcept:
+    p.padding[0] = <char>(rank + 1)
+
+
+cdef int _derived_rank(const ggml_tensor * p) noexcept:
+    """The rank of an op's result: ggml's, with the unit dimensions past it that a source
+    has in the same places (so a (1, H) input gives a (1, O) product and a (1, H) sum of
+    rows); a result of one element that no source matches in shape is (1,)."""
+    cdef int n = _ggml_ndims(p), best = n, r, d, j
+    cdef const ggml_tensor * s
+    cdef bint same
+    if ggml_nelements(p) == 1:          # the largest rank of a one-element source, 0 too
+        best = -1
+        for j in range(GGML_MAX_SRC):
+            s = p.src[j]
+            if s != NULL and ggml_nelements(s) == 1:
+                best = max(best, _shape_ndims(s))
+        return best if best >= 0 else n
+    for j in range(GGML_MAX_SRC):
+        s = p.src[j]
+        if s == NULL:
+            continue
+        r = _shape_ndims(s)
+        if r <= best:
+            continue
+        same = True
+        for d in range(n, r):
+            if s.ne[d] != p.ne[d]:
+                same = False
+                break
+        if same:
+            best = r
+    return best
+
+
 cdef Tensor wrap(Context ctx, ggml_tensor * p):
     cdef Tensor t = Tensor.__new__(Tensor)
     t.ptr = p
     t.ctx = ctx
+    if p.padding[0] == 0 and p.op != GGML_OP_NONE:
+        set_rank(p, _derived_rank(p))
     return t
+
+
+cdef Tensor wrap_rank(Context ctx, ggml_tensor * p, int rank):
+    """wrap, for a tensor made with ``rank`` dimensions (new_tensor, reshape_Nd, ...)."""
+    set_rank(p, rank)
+    return wrap(ctx, p)
 
 
 @cython.final
@@ -76,6 +135,8 @@ cdef class Tensor:
         self._check()
         cdef const int64_t * ne = self.ptr.ne
         cdef int n = _shape_ndims(self.ptr)
+        if n == 0:
+            return ()
         if n == 1:
             return (ne[0],)
         if n == 2:

@@ -504,7 +504,11 @@ def gen_wrapper(op: Op) -> str:
         none = f"t_{p.name} is not None and " if p.kind == "tensor?" else ""
         out.append(f"    if {none}t_{p.name}.ctx is not c_ctx:")
         out.append(f"        c_ctx._depend_on(t_{p.name}.ctx)")
-    out.append("    return _c.wrap(c_ctx, _r)")
+    rank = re.fullmatch(r"(?:reshape|view|cont)_([1-4])d", op.name)
+    if rank:    # the rank asked for: a (1, H) reshape stays 2-d (pyggml/_core_tensor.pxi)
+        out.append(f"    return _c.wrap_rank(c_ctx, _r, {rank.group(1)})")
+    else:
+        out.append("    return _c.wrap(c_ctx, _r)")
     return "\n".join(out) + "\n"
 
 

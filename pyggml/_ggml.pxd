@@ -107,6 +107,7 @@ cdef extern from "_compat.h" nogil:
         void * buffer            # struct ggml_backend_buffer *: NULL for a context pool's tensors
         void * data
         char name[GGML_MAX_NAME]
+        char padding[8]          # unused by ggml (zeroed): pyggml keeps the numpy rank in [0]
 
     enum ggml_log_level:
         GGML_LOG_LEVEL_NONE

@@ -42,12 +42,42 @@ def test_numpy_is_zero_copy_and_writable(ctx):
     assert v1.flags.writeable and v1.flags.c_contiguous and not v1.flags.owndata
 
 
-def test_shape_drops_trailing_unit_dims_as_ggml_n_dims_does(ctx):
+def test_shape_keeps_the_rank_ggml_n_dims_drops(ctx):
     t = ctx.from_numpy(np.zeros((1, 3), np.float32))
     assert t.ne == (3, 1, 1, 1)
-    assert t.n_dims == 1
-    assert t.shape == (3,)
-    assert ctx.new_tensor(Type.F32, (1, 1)).shape == (1,)
+    assert t.n_dims == 1                       # ggml's count
+    assert t.shape == (1, 3)                   # the array's
+    assert ctx.new_tensor(Type.F32, (1, 1)).shape == (1, 1)
+    assert ctx.new_tensor(Type.F32, (3, 1, 1, 1)).shape == (1, 1, 1, 3)
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (2, 1, 3, 4), (1, 1, 1, 5), (5, 1), (), (1,), (1, 1)])
+def test_an_array_comes_back_in_its_shape(ctx, shape):
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    t = ctx.from_numpy(a)
+    assert t.shape == shape and t.numpy().shape == shape and np.array_equal(t.numpy(), a)
+    assert np.asarray(t).shape == shape and t.get().shape == shape
+    t.set(np.asarray(a + 1))                    # set takes the same shape
+    assert np.array_equal(t.numpy(), a + 1)
+
+
+def test_ops_keep_the_unit_dimensions_their_sources_have(ctx):
+    x = ctx.from_numpy(np.ones((1, 5), np.float32))           # one token of 5 features
+    w = ctx.from_numpy(np.ones((7, 5), np.float32))
+    assert pyggml.mul_mat(ctx, w, x).shape == (1, 7)             # numpy: x @ w.T
+    assert pyggml.add(ctx, x, x).shape == (1, 5)
+    assert pyggml.soft_max(ctx, x).shape == (1, 5)
+    assert pyggml.transpose(ctx, x).shape == (5, 1)
+    b = ctx.from_numpy(np.ones((2, 1, 3, 4), np.float32))
+    assert pyggml.scale(ctx, b, 2.0).shape == (2, 1, 3, 4)
+    assert pyggml.permute(ctx, b, 0, 2, 1, 3).shape == (2, 3, 1, 4)
+    assert pyggml.reshape_2d(ctx, b, 4, 6).shape == (6, 4)      # the rank asked for
+    assert pyggml.reshape_3d(ctx, x, 5, 1, 1).shape == (1, 1, 5)
+    assert pyggml.argmax(ctx, ctx.from_numpy(np.ones((3, 5), np.float32))).shape == (3,)   # ne0 reduced away
+    assert pyggml.sum(ctx, ctx.from_numpy(np.ones((2, 3), np.float32))).shape == (1,)      # one element: (1,)
+    s = ctx.from_numpy(np.float32(2.5))
+    assert s.shape == () and float(s.numpy()) == 2.5
+    assert pyggml.add(ctx, s, s).shape == ()                     # the same shape as its sources
 
 
 def test_from_numpy_non_contiguous_and_byteswapped(ctx):
@@ -164,8 +194,7 @@ def test_new_tensor_accepts_plain_int_type(ctx):
 @pytest.mark.parametrize("arr, exc, match", [
     (np.zeros(3, dtype=bool), TypeError, "dtype bool has no ggml type"),
     (np.zeros(3, dtype=np.complex64), TypeError, "has no ggml type"),
-    (np.float32(1.0), ValueError, "1 to 4 dimensions, got 0"),
-    (np.zeros((1, 1, 1, 1, 1), np.float32), ValueError, "1 to 4 dimensions, got 5"),
+    (np.zeros((1, 1, 1, 1, 1), np.float32), ValueError, "0 to 4 dimensions, got 5"),
 ])
 def test_from_numpy_errors(ctx, arr, exc, match):
     with pytest.raises(exc, match=match):

@@ -292,7 +292,7 @@ def compute_on_backend(info: OpInfo, sample: Sample, backend: pyggml.Backend) ->
                 continue
             raw, typ = _raw(a)
             pooled = ctx.from_numpy(raw, type=typ)      # the same bits the ggml path gets
-            whole = out.new_tensor(pooled.type, pooled.ne)
+            whole = out.new_tensor(pooled.type, pooled.ne[:len(pooled.shape) or 1])   # its rank too
             stored.append((whole, pooled))
             args.append(_layout(out, whole, a))
         t = getattr(pyggml, info.op)(out, *args)
