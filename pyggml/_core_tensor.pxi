@@ -130,8 +130,10 @@ cdef class Tensor:
 
     @property
     def shape(self):
-        """numpy-order shape: ``ne[:n_dims]`` reversed (and any dimension of 0 kept,
-        which ``ggml_n_dims`` ignores, so an empty tensor has an empty shape)."""
+        """numpy-order shape: ``ne`` reversed, as many dimensions as the tensor was made
+        with (an array's shape, ``len(ne)`` of new_tensor, N of reshape_Nd; an op's result:
+        ggml's dimensions and the unit ones its sources have past them), and never fewer
+        than ``ggml_n_dims`` (a dimension of 0 counts too)."""
         self._check()
         cdef const int64_t * ne = self.ptr.ne
         cdef int n = _shape_ndims(self.ptr)
