@@ -368,3 +368,13 @@ def test_workers_stuck_before_any_case_are_killed_and_end_the_sweep(tmp_path):
     assert len(log.read_text().split()) == 3 and time.monotonic() - t0 < 60
     assert json.loads((out / "p.json").read_text())["rows"] == []
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_the_rows_table_shows_whole_case_names():
+    from pyggml.parity import report
+    from pyggml.parity.model import Row
+    long = "F32 contiguous (2, 3, 4, 5) mask (1, 1, 4, 5) F16 scale=0.25 max_bias=8.0 causal"
+    rows = [Row("op:soft_max_ext", "soft_max_ext", long, "F32", 0, 0, "ggml", "reference", 1e-9, 1e-6, 1e-7, "ok"),
+            Row("op:add", "add", "short", "F32", 0, 0, "ggml", "reference", 0.0, 0.0, 1e-7, "ok")]
+    lines = report.format_rows(rows).splitlines()
+    assert long in lines[1] and len(lines[1].split("ggml~reference")[0]) == len(lines[2].split("ggml~reference")[0])

@@ -104,12 +104,12 @@ def check_outputs(args: argparse.Namespace, options: tuple[tuple[str, str], ...]
     """Why one of the output paths of ``args`` cannot be written (the first such, with
     its option), or None: checked before anything runs, so that a long sweep does not
     end in a report it cannot write."""
-    from pyggml.parity import files, store
+    from pyggml.parity import files
     for option, attr in options:
         path = getattr(args, attr, None)
         if path is None:
             continue
-        why = files.check_writable(store.npz_path(path) if attr == "save" else path)
+        why = files.check_writable(path)
         if why:
             return f"{option} {path}: {why}"
     return None

@@ -23,9 +23,11 @@ def _num(x: float | None) -> str:
 
 
 def format_rows(rows: list[Row]) -> str:
-    out = [f"{'subject':28s} {'case':44s} {'pair':22s} {'NMSE':>9s} {'max abs':>9s}  verdict"]
+    """One line per row; the case column as wide as the longest case name (never cut)."""
+    w = max([44] + [len(r.case) for r in rows])
+    out = [f"{'subject':28s} {'case':{w}s} {'pair':22s} {'NMSE':>9s} {'max abs':>9s}  verdict"]
     for r in rows:
-        out.append(f"{r.subject:28s} {r.case[:44]:44s} {r.a + '~' + r.b:22s} {_num(r.nmse):>9s} "
+        out.append(f"{r.subject:28s} {r.case:{w}s} {r.a + '~' + r.b:22s} {_num(r.nmse):>9s} "
                    f"{_num(r.max_abs):>9s}  {r.verdict}{': ' + r.detail[:100] if r.detail and r.verdict != 'ok' else ''}")
     return "\n".join(out)
 

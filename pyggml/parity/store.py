@@ -14,7 +14,7 @@ import numpy as np
 from pyggml.parity.files import atomic_write
 from pyggml.parity.model import compare_outputs
 
-__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "npz_path", "per_op", "save", "to_json"]
+__all__ = ["Difference", "build_identity", "diff", "format_diff", "load", "per_op", "save", "to_json"]
 
 _SEP = "||"
 
@@ -35,15 +35,10 @@ def build_identity() -> dict[str, Any]:
                                   else "unknown: a prebuilt ggml, no kernel trusted (every graph proven)")}
 
 
-def npz_path(path: str) -> str:
-    """The file :func:`save` writes for ``path``: with ``.npz`` appended where it has not
-    that suffix (as numpy's ``savez`` names it)."""
-    return path if path.endswith(".npz") else path + ".npz"
-
-
 def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str, Any] | None = None) -> int:
-    """Write every path's arrays of every case to an .npz (key: case key, path, index),
-    with the build identity and ``meta``, atomically (to :func:`npz_path`). Returns the
+    """Write every path's arrays of every case in numpy's .npz format (key: case key, path,
+    index), with the build identity and ``meta``, atomically, to ``path`` as given (numpy's
+    ``savez`` would add ``.npz`` to a name without it; a file object keeps it). Returns the
     number of arrays."""
     arrays = {}
     for key, paths in kept.items():
@@ -52,7 +47,7 @@ def save(path: str, kept: dict[str, dict[str, list[np.ndarray]]], meta: dict[str
                 arrays[_SEP.join((key, p, str(i)))] = np.asarray(a)
     doc = {"identity": build_identity(), "meta": meta or {}}
     arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode(), np.uint8)
-    with atomic_write(npz_path(path), "wb") as f:
+    with atomic_write(path, "wb") as f:
         np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
     return len(arrays)
 
@@ -206,10 +201,11 @@ def format_diff(meta_a: dict[str, Any], meta_b: dict[str, Any], diffs: list[Diff
         lines.append(f"not compared: {len(skipped)} cases named alike whose float64 references differ (the two builds "
                      f"drew other inputs for them), e.g. {skipped[0]}")
     if differ:
-        lines.append(f"{'case':56s} {'path':9s} {'NMSE A~B':>10s} {'max abs':>10s} {'A~ref':>10s} {'B~ref':>10s} closer")
+        w = max([56] + [len(d.case) for d in differ])       # case names whole: they name the case
+        lines.append(f"{'case':{w}s} {'path':9s} {'NMSE A~B':>10s} {'max abs':>10s} {'A~ref':>10s} {'B~ref':>10s} closer")
         ranked = sorted(differ, key=lambda d: (not d.beyond, -(d.nmse if math.isfinite(d.nmse) else 1e300)))
         for d in ranked[:limit]:
             f = lambda x: "-" if x is None else f"{x:.2e}"  # noqa: E731
-            lines.append(f"{d.case[:56]:56s} {d.path:9s} {f(d.nmse):>10s} {f(d.max_abs):>10s} {f(d.nmse_a):>10s} "
+            lines.append(f"{d.case:{w}s} {d.path:9s} {f(d.nmse):>10s} {f(d.max_abs):>10s} {f(d.nmse_a):>10s} "
                          f"{f(d.nmse_b):>10s} {d.closer}")
     return "\n".join(lines), len(beyond)
