@@ -66,6 +66,9 @@ cdef extern from "asan_hooks.h" nogil:
 
 ASAN = bool(pg_asan_enabled())    # built with AddressSanitizer (scripts/sanitize.py)
 
+cdef extern from "ggml-cpu.h" nogil:
+    int ggml_cpu_has_llamafile()
+
 cdef extern from "pyggml_config.h":
     const char * PYGGML_GGML_ORIGIN
     const char * PYGGML_GGML_CMAKE_VERSION
@@ -169,7 +172,8 @@ def build_info():
     Keys: ``ggml_version``, ``ggml_commit``, ``ggml_source`` (``pypi:...`` or
     ``src:PATH`` for a vendored build, ``system:CONFIG_DIR`` for an installed
     ggml), ``mem_align``, ``native`` (None for a system ggml) and ``openmp`` (for a
-    system ggml: whether an OpenMP runtime is loaded),
+    system ggml: whether an OpenMP runtime is loaded), ``llamafile`` (ggml-cpu's matrix
+    products through llamafile's sgemm, ``ggml_cpu_has_llamafile``),
     ``features`` (the compile-time feature checks), ``kernels`` (see
     :func:`kernel_trust`: the ops whose CPU kernel the rules were not written against).
     """
@@ -180,6 +184,7 @@ def build_info():
         "mem_align": GGML_MEM_ALIGN,
         "native": _flag(PYGGML_NATIVE_FLAG),
         "openmp": _flag(PYGGML_OPENMP_FLAG, pyggml_openmp_loaded() != 0),
+        "llamafile": bool(ggml_cpu_has_llamafile()),
         "features": {
             "ggml_version": bool(PYGGML_HAVE_GGML_VERSION),
             "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),

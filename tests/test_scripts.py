@@ -572,3 +572,16 @@ def test_the_attention_benchmark_measures_every_kernel_side_by_side(tmp_path):
         assert r["blocked_over_ggml"] == pytest.approx(r["cpu_s"]["ggml"] / r["cpu_s"]["blocked"])
         assert r["extra_bytes"]["blocked"] > 0 and r["extra_bytes"]["ggml"] > 0
     assert "GFLOP/s per CPU-second" in proc.stdout and "blk/ggml" in proc.stdout
+
+
+def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):
+    """A smoke run of scripts/bench_matmul_builds.py --dry-run, this interpreter as both
+    builds: every weight type timed in each, the ratio printed, the llamafile flag read."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_matmul_builds.py"), "--dry-run",
+                           "--a", sys.executable, "--b", sys.executable],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    flag = pyggml.build_info()["llamafile"]
+    assert f"(llamafile {flag})" in proc.stdout
+    rows = [ln.split() for ln in proc.stdout.splitlines() if ln.split()[:1] in (["F32"], ["F16"], ["Q8_0"], ["Q4_0"])]
+    assert [r[0] for r in rows] == ["F32", "F16", "Q8_0", "Q4_0"] and all(float(r[3]) > 0 for r in rows)
