@@ -205,6 +205,11 @@ def test_an_in_place_node_is_refused(ctx):
     assert not pyggml.differentiable("sqr_inplace") and pyggml.differentiable("sqr")
 
 
+# ggml's read of a NULL gradient (checks off) is a SIGSEGV: pyggml's guard catches it in a
+# plain build; ASan takes it for a crash and ends the process
+NULL_READ_UNDER_ASAN = "ggml's NULL-gradient read is a SIGSEGV, which ASan reports as fatal before the guard sees it"
+
+
 def test_a_source_left_without_a_gradient_is_refused_before_ggml_reads_it(ctx, quiet_faulthandler):
     # CPY gives only src0 a gradient; its destination b, a parameter, gets none, and the shape
     # assertion after ggml_compute_backward's switch reads b's NULL gradient
@@ -219,6 +224,8 @@ def test_a_source_left_without_a_gradient_is_refused_before_ggml_reads_it(ctx, q
     g.build_forward_expand(loss)
     with pytest.raises(pyggml.UnsupportedOpError, match=r"gives its src1 \('dst'\) no gradient.*a NULL gradient"):
         g.build_backward_expand()
+    if pyggml._core.ASAN:
+        pytest.skip(NULL_READ_UNDER_ASAN)
     with rules_disabled(), pytest.raises(pyggml.GGMLAbort, match="SIGSEGV"):
         g.build_backward_expand()
 
@@ -253,6 +260,8 @@ def test_the_order_of_the_nodes_decides_whether_ggml_reads_a_null_gradient(ctx, 
     g.build_forward_expand(loss)
     with pytest.raises(pyggml.UnsupportedOpError, match="a NULL gradient"):
         g.build_backward_expand()
+    if pyggml._core.ASAN:
+        pytest.skip(NULL_READ_UNDER_ASAN)
     with rules_disabled(), pytest.raises(pyggml.GGMLAbort, match="SIGSEGV"):
         g.build_backward_expand()
 
@@ -320,11 +329,16 @@ def _backward_verdicts(info, sample):
     return mine, ggml
 
 
+@pytest.mark.skipif(pyggml._core.ASAN, reason=NULL_READ_UNDER_ASAN)
 def test_the_backward_table_agrees_with_ggml_on_every_op(quiet_faulthandler):
     """pyggml's table of ggml_compute_backward's cases (csrc/backward.c) against ggml's own
     build_backward_expand, checks off, on the first F32 sample of every OpInfo: a node it
     refuses as unsupported is one ggml aborts on, and the ops it lets through build."""
     from pyggml.opinfo import registry
+    from pyggml.opinfo.harness import rules_cover_the_linked_ggml
+    # the table is read off 0.20.2's and 0.25.3's ggml.c; on a release the rules do not
+    # cover (a prebuilt one) a case it lacks is left to the scratch run's GGMLAbort
+    strict = rules_cover_the_linked_ggml()
     wrong, seen = [], {"unsupported": 0, "ok": 0}
     for name, info in sorted(registry().items()):
         if Type.F32 not in info.types:
@@ -335,6 +349,8 @@ def test_the_backward_table_agrees_with_ggml_on_every_op(quiet_faulthandler):
             continue
         mine, ggml = _backward_verdicts(info, sample)
         if mine is None or mine == "other":
+            continue
+        if mine == "abort" and not strict:
             continue
         if mine == "abort" or (mine == "unsupported") != (ggml == "abort"):
             wrong.append((name, mine, ggml))
