@@ -585,3 +585,48 @@ def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):
     assert f"(llamafile {flag})" in proc.stdout
     rows = [ln.split() for ln in proc.stdout.splitlines() if ln.split()[:1] in (["F32"], ["F16"], ["Q8_0"], ["Q4_0"])]
     assert [r[0] for r in rows] == ["F32", "F16", "Q8_0", "Q4_0"] and all(float(r[3]) > 0 for r in rows)
+
+
+def test_the_gpu_check_runs_its_in_process_steps_with_the_cpu_in_place_of_the_gpu(tmp_path, capsys):
+    """scripts/gpu_check.py --dry-run (.ci/run runs the whole script, build and pytest included):
+    the Llama block node by node and flash attention against float64, judged, in one JSON."""
+    gc = load_script("gpu_check")
+    rc = gc.main(["--dry-run", "--out", str(tmp_path), "--only", "info,llama,attention"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    steps = {s["step"]: s for s in report["steps"]}
+    assert rc == 0 and report["device"] == "CPU" and report["dry_run"]
+    assert [steps[s]["verdict"] for s in ("info", "tests", "parity", "llama", "attention")] == \
+        ["ok", "skipped", "skipped", "ok", "ok"]
+    llama = steps["llama"]["details"]
+    assert llama["compared"] >= 20 and llama["first_diverging"] is None and llama["out_nmse_vs_cpu"] == 0.0
+    cases = steps["attention"]["details"]["cases"]
+    assert [(c["D"], c["N"]) for c in cases] == [(64, 128), (128, 64), (128, 1)]
+    assert all(0 < c["device_nmse_f64"] < gc.FA_NMSE for c in cases)
+    assert "llama      ok" in capsys.readouterr().out
+
+
+def test_the_gpu_check_fails_for_a_device_the_build_lacks(tmp_path):
+    gc = load_script("gpu_check")
+    assert gc.main(["--device", "CUDA0", "--out", str(tmp_path), "--only", "info,llama"]) == 1
+    steps = {s["step"]: s for s in json.loads((tmp_path / "gpu_check.json").read_text())["steps"]}
+    assert steps["info"]["verdict"] == "FAIL" and "CUDA0 is not among the devices" in steps["info"]["summary"]
+    assert steps["llama"]["verdict"] == "skipped" and steps["llama"]["summary"] == "the device is not there"
+
+
+def test_the_registry_cuda_toolkit_gets_the_unversioned_names_a_linker_looks_for(tmp_path):
+    ct = load_script("cuda_toolkit")
+    root = ct.toolkit_root(tmp_path)
+    (root / "lib").mkdir(parents=True)
+    for target in ct.LINKS.values():
+        (root / "lib" / target).write_bytes(b"\x7fELF")
+    assert sorted(ct.link(root)) == ["libcublas.so", "libcublasLt.so", "libcudart.so"]
+    assert (root / "lib" / "libcudart.so").resolve() == (root / "lib" / "libcudart.so.13").resolve()
+    assert ct.link(root) == []                                 # a second run makes none
+    (root / "lib" / "libcublasLt.so.13").unlink()
+    (root / "lib" / "libcublasLt.so").unlink()
+    with pytest.raises(SystemExit, match="libcublasLt.so.13 is missing"):
+        ct.link(root)
+    cmd = ct.build_command(root, "90")
+    assert cmd.startswith(f"CUDACXX={root}/bin/nvcc CUDAToolkit_ROOT={root} PYGGML_CUDA=ON pip install .")
+    assert cmd.endswith("CMAKE_CUDA_ARCHITECTURES=90")
+    assert all(w.count("==") == 1 for w in ct.WHEELS)         # exact pins
