@@ -585,3 +585,14 @@ def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):
     assert f"(llamafile {flag})" in proc.stdout
     rows = [ln.split() for ln in proc.stdout.splitlines() if ln.split()[:1] in (["F32"], ["F16"], ["Q8_0"], ["Q4_0"])]
     assert [r[0] for r in rows] == ["F32", "F16", "Q8_0", "Q4_0"] and all(float(r[3]) > 0 for r in rows)
+
+
+def test_the_parity_sweep_benchmark_runs_both_proof_modes_side_by_side():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_parity_sweep.py"), "--dry-run"],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("CPU: ") and "usable cores" in lines[0] and "1 round(s), medians" in lines[0]
+    walls = {ln.split()[0]: float(ln.split()[2]) for ln in lines[1:3]}
+    assert set(walls) == {"fork", "in-process"} and all(w > 0 for w in walls.values())
+    assert lines[3].strip().startswith("in-process / fork: wall ")

@@ -455,10 +455,8 @@ def default_workers() -> int:
     (:func:`_worker_environment`), and one worker per core measured faster than
     ``cores // N`` workers (2 cores, --threads 2, full sweep without torch: 10.1 s with 2
     workers, 13.9 s with 1)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    from pyggml._machine import usable_cores
+    return usable_cores()
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:
