@@ -33,6 +33,7 @@ def demo() -> int:
 def info() -> int:
     import pyggml
     from pyggml import coverage, defects
+    from pyggml._machine import cpu_model, usable_cores
 
     ops = coverage.op_coverage()
     builders = coverage.builder_coverage()
@@ -43,6 +44,7 @@ def info() -> int:
         "ops_not_wrapped": ops["not_wrapped"],
         "builders_bound": len(builders["bound"]),
         "known_defects": {d["id"]: d["title"] for d in defects.known_defects()},
+        "machine": {"cpu": cpu_model(), "usable_cores": usable_cores()},
     }, indent=2))
     return 0
 

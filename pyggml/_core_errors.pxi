@@ -19,7 +19,7 @@ _STATUS_TABLE = {
                           "ggml_message"),
     PYGGML_PROOF_EXIT: (GGMLAbort, "{where}: ggml would abort (exit {how}): {msg_or_none}{detail}", "ggml_message"),
     PYGGML_PROOF_TIMEOUT: (KernelTimeout, "{where}: the kernel did not finish in the proof's {how} s (a hang, or "
-                                          "a kernel far slower than a proof allows); the child was killed: "
+                                          "a kernel far slower than a proof allows): "
                                           "{msg_or_none}{detail}", "timeout"),
     PYGGML_SYSTEM: (OSError, "{where}: the forked proof could not run ({msg}){detail}", "errno"),
     PYGGML_COMPUTE_FAILED: (ComputeError, "{where}: ggml's compute failed: {msg}{detail}", "status"),

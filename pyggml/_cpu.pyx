@@ -224,6 +224,20 @@ cdef int _prove(Graph graph, double timeout_s=-1) except -1:
     Ctrl-C reaches the caller within one wait slice: the worker then kills the child and
     reaps it (within 20 ms: csrc/dry_run.c) on its own.
     """
+    cdef pyggml_status st
+    cdef size_t min_work
+    cdef double limit
+    global _proof_tainted
+    if _proof_here:
+        min_work = _fab_work_size(graph, 1)
+        limit = timeout_s if timeout_s > 0 else _proof_limit
+        with nogil:
+            pyggml_guarded_compute_here(graph.ptr, min_work, limit, &st)
+        if st.code != PYGGML_OK:
+            _proof_tainted = True
+        raise_status(&st, "compute")
+        graph._unproven = False
+        return 0
     cdef _Proof proof = _Proof.__new__(_Proof)
     proof.t.graph = graph.ptr
     proof.t.min_work = _fab_work_size(graph, 1)
@@ -238,6 +252,35 @@ cdef int _prove(Graph graph, double timeout_s=-1) except -1:
     raise_status(&proof.t.status, "compute")
     graph._unproven = False
     return 0
+
+
+# --- proofs in this process (a parity sweep's disposable worker) -----------------------
+# A sweep's worker proves thousands of graphs, and a fork per proof was most of a sweep's
+# time. A process that can be let go after a finding proves in itself instead
+# (csrc/guarded.c, pyggml_guarded_compute_here): same guard pages and canaries, same
+# exceptions; an abort, a fault or the time limit jumps back out of the kernel, after which
+# the process's state is not to be trusted (proof_state_tainted), and its owner replaces it.
+
+cdef bint _proof_here = False
+cdef bint _proof_tainted = False
+
+
+def _set_proof_in_process(enabled):
+    """_set_proof_in_process(enabled) -> bool  (for a disposable process only: a parity worker)
+
+    Prove graphs in this process instead of in a forked child; returns the previous
+    setting. After a proof that found anything, _proof_state_tainted() is True: a kernel
+    was abandoned part way, and the process should exit."""
+    global _proof_here
+    was = _proof_here
+    _proof_here = bool(enabled)
+    return was
+
+
+def _proof_state_tainted():
+    """_proof_state_tainted() -> bool: an in-process proof found something (an abort, a
+    fault, an access past a tensor, the time limit) since this process started."""
+    return _proof_tainted
 
 
 def prove(Graph graph not None, timeout=None):

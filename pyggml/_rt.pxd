@@ -87,6 +87,8 @@ cdef extern from "pyggml_rt.h" nogil:
     void pyggml_set_fork_hooks(int (*before)() noexcept nogil, void (*after)(int) noexcept nogil)
     int pyggml_prove_graph(ggml_cgraph * graph, size_t min_work, double timeout_s, const int * abort,
                            pyggml_status * st)
+    int pyggml_guarded_compute_here(ggml_cgraph * graph, size_t min_work, double timeout_s,
+                                    pyggml_status * st) nogil
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
     int pyggml_type_has_cpu_from_float(int type)

@@ -58,17 +58,8 @@ def run(python: str, hidden: int, tokens: int, reps: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main() -> int:
+    from pyggml._machine import cpu_model
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", required=True, help="the python of build A")
     ap.add_argument("--b", required=True, help="the python of build B")

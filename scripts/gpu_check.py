@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pyggml._machine import cpu_model, usable_cores
+
 ROOT = Path(__file__).resolve().parent.parent
 FA_NMSE = 5e-4
 
@@ -66,7 +68,7 @@ def check_info(c: Check, device: str, pyggml) -> None:
     info = pyggml.build_info()
     devices = pyggml.backends()
     c.details = {"build_info": info, "devices": devices, "python": sys.version.split()[0],
-                 "machine": platform.machine(), "cpu": _cpu_model()}
+                 "machine": platform.machine(), "cpu": cpu_model(), "usable_cores": usable_cores()}
     names = [d["name"] for d in devices]
     if device not in names:
         c.verdict, c.summary = "FAIL", f"{device} is not among the devices ggml registered: {names}"
@@ -74,16 +76,6 @@ def check_info(c: Check, device: str, pyggml) -> None:
     d = next(d for d in devices if d["name"] == device)
     c.verdict = "ok"
     c.summary = f"{device}: {d.get('description', '')} ({d.get('type')}); ggml {info.get('ggml_version')}; devices {names}"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def check_tests(c: Check, device: str, backend_name: str, out: Path, jobs: int, timeout: float) -> None:
@@ -288,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="the device under test (default: CUDA0; CPU with --dry-run)")
     ap.add_argument("--dry-run", action="store_true", help="the same steps with the CPU in place of the device")
     ap.add_argument("--out", default="gpu-check", help="folder for the JSON summary and the logs (default: gpu-check)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="pytest and parity workers (default: every core)")
+    ap.add_argument("--jobs", type=int, default=usable_cores(), help="pytest and parity workers (default: every core)")
     ap.add_argument("--quick", action="store_true", help="the parity sweep's --quick (two cases per subject and type)")
     ap.add_argument("--only", default="", help="comma-separated steps to run (info,tests,parity,llama,attention)")
     ap.add_argument("--step-timeout", type=float, default=240.0, help="seconds for each subprocess step")

@@ -107,3 +107,9 @@ def test_the_repro_of_a_case_reruns_it():
     env: dict = {}
     exec(compile(src.replace("print(", "out = ("), "<repro>", "exec"), env)
     assert SMALL[0].name in env["out"] and "ggml~reference" in env["out"]
+
+
+def test_the_torch_ops_known_without_importing_torch_are_the_table_s():
+    from pyggml.parity import torch_ops
+    pytest.importorskip("torch")
+    assert torch_ops.OPS == set(torch_ops._table())

@@ -630,3 +630,12 @@ def test_the_registry_cuda_toolkit_gets_the_unversioned_names_a_linker_looks_for
     assert cmd.startswith(f"CUDACXX={root}/bin/nvcc CUDAToolkit_ROOT={root} PYGGML_CUDA=ON pip install .")
     assert cmd.endswith("CMAKE_CUDA_ARCHITECTURES=90")
     assert all(w.count("==") == 1 for w in ct.WHEELS)         # exact pins
+def test_the_parity_sweep_benchmark_runs_both_proof_modes_side_by_side():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_parity_sweep.py"), "--dry-run"],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("CPU: ") and "usable cores" in lines[0] and "1 round(s), medians" in lines[0]
+    walls = {ln.split()[0]: float(ln.split()[2]) for ln in lines[1:3]}
+    assert set(walls) == {"fork", "in-process"} and all(w > 0 for w in walls.values())
+    assert lines[3].strip().startswith("in-process / fork: wall ")

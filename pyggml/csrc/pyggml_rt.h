@@ -232,6 +232,17 @@ enum { PYGGML_EXIT_GUARD = 95, PYGGML_EXIT_NO_MEMORY = 96, PYGGML_EXIT_OVERRUN =
 PYGGML_RT_API int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
                                      const int * abort, pyggml_status * st);
 
+/* The proof in the calling process, for a process that is disposable (a parity sweep's
+ * worker): the guarded compute, with a fault on a guard page, an abort of ggml (or
+ * another fault, through the abort guard) and the time limit (the process's ITIMER_REAL
+ * and SIGALRM, taken for the call) jumping back out of the kernel. Returns st->code, as
+ * pyggml_prove_graph's for the same graph (an abort is _PROOF_SIGNAL 6 with ggml's
+ * message; the limit, _PROOF_TIMEOUT). Every tensor has its data pointer back after.
+ * Any outcome but PYGGML_OK left a kernel abandoned part way (the memory it held, ggml's
+ * disposable threadpool): the caller should let the process go. One call at a time. */
+PYGGML_RT_API int pyggml_guarded_compute_here(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
+                                              pyggml_status * st);
+
 /* --- kernel preconditions ----------------------------------------------------------------- */
 
 /* Initialise the op -> rule table from the linked ggml's op names (idempotent). */

@@ -82,6 +82,9 @@ int pyggml_status_from_dry_run(pyggml_status * st, int rc, int how, double timeo
         return st->code = PYGGML_PROOF_EXIT;
     case PYGGML_DRY_TIMEOUT:
         st->how = (int) (timeout_s * 1000.0 + 0.5);    /* milliseconds: a limit may be under 1 s */
+        if (st->msg[0] == '\0') {
+            snprintf(st->msg, sizeof st->msg, "the child was killed");
+        }
         return st->code = PYGGML_PROOF_TIMEOUT;
     case PYGGML_DRY_ABORTED:                /* as a compute stopped by its abort callback */
         return pyggml_status_set(st, PYGGML_COMPUTE_FAILED, GGML_STATUS_ABORTED, NULL, NULL,

@@ -178,11 +178,9 @@ def path_autodiff(q, k, v, d, masked, n_threads=None):
 
 
 def torch_available() -> bool:
-    try:
-        import torch  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether torch is installed (found, not imported: torch_ops.available)."""
+    from pyggml.parity.torch_ops import available
+    return available()
 
 
 def path_torch(q, k, v, d, masked, n_threads=None):

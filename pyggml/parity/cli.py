@@ -32,10 +32,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--types", default="", help="comma-separated ggml types (F32,F16,...); default: all")
     ap.add_argument("--paths", default="", help=f"comma-separated paths among {', '.join(KNOWN_PATHS)}; "
                                                 "default: every path each subject has")
-    ap.add_argument("--quick", action="store_true", help="a few cases per subject and type: about a minute")
+    ap.add_argument("--quick", action="store_true", help="two cases per subject and type (seconds)")
     ap.add_argument("--seed", type=int, default=0, help="another set of seeded samples (default 0: the tests')")
     ap.add_argument("--workers", type=int, default=None,
-                    help="worker processes that isolate crashes (default: 2; 0: in this process, unisolated)")
+                    help="worker processes that isolate crashes (default: one per usable core; 0: in this "
+                         "process, unisolated, each guarded run in a forked child)")
     ap.add_argument("--threads", type=int, default=1, help="ggml's threads per computation (default 1)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case is a timeout row")
     ap.add_argument("--no-probe", action="store_true",
@@ -163,7 +164,7 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         cases = [c for c in cases if len(set(subjects[c.subject].paths) & set(paths)) >= 2]
     if not cases:
         ap.error("nothing to compare: no subject matches --op/--types (see --list)")
-    workers = 2 if args.workers is None else args.workers
+    workers = runner.default_workers() if args.workers is None else args.workers
     t0 = time.perf_counter()
     progress = _Progress()
     stopped: tuple[int, str, str] | None = None      # exit status, why (the reports), the line for stderr

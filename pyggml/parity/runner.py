@@ -21,7 +21,7 @@ import numpy as np
 from pyggml.parity.model import BAD, Case, Outcome, Row, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
-__all__ = ["Interrupted", "WorkerError", "check_case", "run_cases", "select"]
+__all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "run_cases", "select"]
 
 Progress = Callable[[int, int, Case], None]
 
@@ -135,13 +135,23 @@ _IDLE_DEATHS = 3
 _WORKER_START_S = 120.0
 
 
-def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
+def _worker_main(conn, paths, probe, keep, n_threads, stderr_path, timeout=300.0):
     # Ctrl-C is the parent's to handle: it stops the workers and keeps what finished
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 2)                       # ggml's messages before an abort land here
     os.close(fd)
+    # A worker is disposable: it proves each graph in itself, not in a child forked per
+    # case (most of a sweep's time, before). The proof's time limit stays under the
+    # case's, so that a kernel that spins is the proof's KernelTimeout, as in a child.
+    # After a proof that found anything, a kernel was abandoned part way: the worker says
+    # so ("retire") and goes, and the parent starts a fresh one for the rest.
+    # (PYGGML_PARITY_PROOF=fork keeps the child per proof: a fallback, and the baseline of
+    # scripts/bench_parity_sweep.py)
+    from pyggml import _cpu
+    _cpu._set_proof_in_process(os.environ.get("PYGGML_PARITY_PROOF", "") != "fork")
+    _cpu.set_proof_timeout(min(_cpu.proof_timeout(), max(0.001, 0.8 * timeout)))
     # the subject table is built before the first case, so that its cost (imports, on a
     # loaded machine seconds) does not count against that case's timeout
     all_subjects(probe)
@@ -156,6 +166,27 @@ def _worker_main(conn, paths, probe, keep, n_threads, stderr_path):
             conn.send(("start", i))
             rows, arrays = check_case(case, paths, probe, keep, n_threads)
             conn.send(("done", i, rows, arrays))
+            if _cpu._proof_state_tainted():
+                conn.send(("retire",))
+                return
+
+
+@contextlib.contextmanager
+def _worker_environment(n_threads: int):
+    """The environment a worker starts with (spawn copies os.environ at start): with
+    more than one ggml thread, OpenMP's threads sleep as soon as a computation ends
+    (OMP_WAIT_POLICY=passive, unless the caller chose a policy). A sweep's computations
+    are microseconds long, and libgomp's default spin after each one took the cores from
+    the other workers: a full sweep on 2 cores with 2 workers of 2 threads took 108 s
+    spinning, 10 s passive (8.9 s on 1 thread)."""
+    if n_threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
+        yield
+        return
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def _in_main_thread() -> bool:
@@ -207,8 +238,10 @@ class _SigintFlag:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int) -> None:
+    def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int,
+                 timeout: float) -> None:
         self.inflight: list[tuple[int, Case]] = []
+        self.retired = False             # it said its state is spent, and went (not a death)
         self.current: int | None = None
         self.began = False               # it has started a case (past its imports)
         self.started = time.monotonic()
@@ -217,10 +250,11 @@ class _Worker:
         os.close(fd)
         try:
             self.conn, child = ctx.Pipe()
-            self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr),
+            self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr, timeout),
                                     daemon=True)
             try:
-                _start_ignoring_sigint(self.proc)
+                with _worker_environment(n_threads):
+                    _start_ignoring_sigint(self.proc)
             finally:
                 child.close()
         except BaseException:
@@ -331,7 +365,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
             for _ in range(min(workers, max(1, len(cases)))):
                 if sigint.hit:
                     break
-                pool.append(_Worker(ctx, paths, probe, keep, n_threads))
+                pool.append(_Worker(ctx, paths, probe, keep, n_threads, timeout))
                 feed(pool[-1])
             while not sigint.hit and any(w.inflight for w in pool):
                 busy = [w for w in pool if w.inflight]
@@ -351,10 +385,20 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                                 finish(msg[1], msg[2], msg[3])
                                 w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
                                 w.current = None
-                                if not w.inflight:      # the worker reads its next batch when done with this one
+                                if not w.inflight and not w.retired:    # its next batch, when done with this one
                                     feed(w)
+                            elif msg[0] == "retire":
+                                w.retired = True
+                                break
                     except (EOFError, OSError):
                         dead = True
+                    if w.retired:                # replaced; the rest of its batch goes back, in order
+                        todo.extend(reversed(w.inflight))
+                        w.inflight = []
+                        w.close()
+                        pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout)
+                        feed(nw)
+                        continue
                     hung = w.current is not None and now - w.started > timeout
                     stuck = (w.current is None and w.inflight and not w.began
                              and now - w.started > max(timeout, _WORKER_START_S))
@@ -382,7 +426,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                         if idle_deaths >= _IDLE_DEATHS:
                             raise WorkerError(f"{idle_deaths} parity workers in a row died before running a case "
                                               f"(last: {detail})", finished(), kept, len(results), len(cases))
-                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads)
+                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout)
                     feed(nw)
         except BaseException:
             for w in pool:               # all at once: no worker waits for the others' joins
@@ -403,6 +447,16 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
         if sigint.hit:
             raise Interrupted(finished(), kept, len(results), len(cases))
     return finished(), kept
+
+
+def default_workers() -> int:
+    """Worker processes: one per core this process may run on. With ``--threads N`` too
+    (workers x N threads on the cores): their OpenMP threads wait passively
+    (:func:`_worker_environment`), and one worker per core measured faster than
+    ``cores // N`` workers (2 cores, --threads 2, full sweep without torch: 10.1 s with 2
+    workers, 13.9 s with 1)."""
+    from pyggml._machine import usable_cores
+    return usable_cores()
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:
