@@ -116,7 +116,7 @@ def check_parity(c: Check, device: str, out: Path, jobs: int, quick: bool, timeo
     report = out / "parity.json"
     path = "cpu-backend" if device == "CPU" else f"backend:{device}"
     cmd = [sys.executable, "-P", "-m", "pyggml", "parity", "--paths", f"{path},ggml,reference",
-           "--workers", str(jobs), "--json", str(report)]
+           "--workers", str(jobs), "--timeout", str(min(60.0, timeout / 2)), "--json", str(report)]
     if quick:
         cmd.append("--quick")
     rc, tail = _run(cmd, dict(os.environ), out / "parity.log", timeout)
