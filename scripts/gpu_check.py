@@ -9,7 +9,7 @@ Steps, each timed and given a verdict (ok / FAIL / skipped) in one summary table
    under test must be there.
 2. ``tests``: the backend tests (``tests/test_backend*.py``, ``tests/test_backend_devices.py``
    with ``PYGGML_TEST_DEVICE`` set to the device), under pytest with
-   ``PYGGML_REQUIRE_BACKENDS`` naming the device's backend, so that nothing skips for want of it.
+   ``PYGGML_REQUIRE_BACKENDS`` naming the device, so that nothing skips for want of it.
 3. ``parity``: the parity sweep's ``backend:DEVICE`` path with the float64 reference, over
    every registry op (``python -m pyggml parity --paths backend:DEVICE,ggml,reference``): every
    row the device computes is judged by float64, next to the CPU kernel's row.
@@ -78,9 +78,10 @@ def check_info(c: Check, device: str, pyggml) -> None:
     c.summary = f"{device}: {d.get('description', '')} ({d.get('type')}); ggml {info.get('ggml_version')}; devices {names}"
 
 
-def check_tests(c: Check, device: str, backend_name: str, out: Path, jobs: int, timeout: float) -> None:
+def check_tests(c: Check, device: str, out: Path, jobs: int, timeout: float) -> None:
     junit = out / "junit-backend.xml"
-    env = dict(os.environ, PYGGML_TEST_DEVICE=device, PYGGML_REQUIRE_BACKENDS=backend_name)
+    # PYGGML_REQUIRE_BACKENDS: device names (tests/test_backend_multi.py), CUDA0 not CUDA
+    env = dict(os.environ, PYGGML_TEST_DEVICE=device, PYGGML_REQUIRE_BACKENDS=device)
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_backend*.py"))
     files += ["tests/test_opt.py"]
     # -P: the source tree's pyggml (no compiled modules) must not shadow the installed one
@@ -286,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-timeout", type=float, default=240.0, help="seconds for each subprocess step")
     args = ap.parse_args(argv)
     device = args.device or ("CPU" if args.dry_run else "CUDA0")
-    backend_name = "CPU" if device == "CPU" else "".join(ch for ch in device if not ch.isdigit())
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     only = {s for s in args.only.split(",") if s}
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     import pyggml.reference  # noqa: F401  (nmse)
 
     steps = [("info", lambda c: check_info(c, device, pyggml)),
-             ("tests", lambda c: check_tests(c, device, backend_name, out, args.jobs, args.step_timeout)),
+             ("tests", lambda c: check_tests(c, device, out, args.jobs, args.step_timeout)),
              ("parity", lambda c: check_parity(c, device, out, args.jobs, args.quick, args.step_timeout)),
              ("llama", lambda c: check_llama(c, device, pyggml)),
              ("attention", lambda c: check_attention(c, device, pyggml))]
