@@ -10,6 +10,7 @@ cdef class Backend(Executor):
     cdef ggml_backend_t ptr
     cdef readonly str name
     cdef bint is_cpu
+    cdef readonly bint host     # its buffers are host memory (numpy views; the CPU proof can read them)
     cdef object _n_threads
     cdef bint _use_ref
     cdef int _users             # schedulers over this backend: it cannot be freed while they live

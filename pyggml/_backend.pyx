@@ -193,7 +193,8 @@ cdef class Backend(Executor):
     A ggml backend: ``"CPU"`` (always there), or the name of a device of
     :func:`backends`. ``n_threads`` (CPU backend): threads per compute (default: as
     :meth:`pyggml.Graph.compute`). One compute runs on a backend at a time: a compute
-    from another thread waits for the running one."""
+    from another thread waits for the running one. ``host``: whether its buffers are host
+    memory (the CPU and BLAS backends; not a GPU's), which :meth:`Tensor.numpy` can show."""
 
     def __cinit__(self, name="CPU", n_threads=None):
         self.ptr = NULL
@@ -213,6 +214,7 @@ cdef class Backend(Executor):
             raise RuntimeError(f"Backend: ggml could not start the {name!r} backend")
         self.name = ggml_backend_name(self.ptr).decode()
         self.is_cpu = ggml_backend_is_cpu(self.ptr)
+        self.host = ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(self.ptr))
         self._use_ref = False
         self.n_threads = n_threads
 
@@ -469,6 +471,12 @@ def compare_graph_backend(graph, backend1, backend2, tolerance=1e-7, stop_at_fir
                                   arg_instance(backend2, Backend, "backend2", w), tolerance, stop_at_first)
 
 
+cdef str _why_proof(Graph graph):
+    if graph._unchecked:
+        return f"{graph._unchecked} nodes of ops pyggml has no kernel rule for"
+    return "the linked ggml's kernels are not the ones pyggml's rules were written for"
+
+
 cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backend2, tolerance, stop_at_first):
     backend1._need_open()
     backend2._need_open()
@@ -522,6 +530,11 @@ cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backen
         graph._set_busy(False)
         unlock_backends(pair)
         raise
+    if graph._unproven and not backend1.host and (backend1.is_cpu or backend2.is_cpu):
+        raise ArgumentError(f"compare_graph_backend: the CPU computes this graph's nodes, which need pyggml's "
+                            f"guarded proof first ({_why_proof(graph)}); the proof reads the graph in host memory, "
+                            f"and it is in {backend1.name}'s: allocate it in the CPU backend's buffers and pass "
+                            f"that backend as backend1")
     compute_locked(graph, _compare_on, &cs.c, graph._unproven and (backend1.is_cpu or backend2.is_cpu),
                    "compare_graph_backend", pair, (keep, cs))
     if cs.c.rc < 0:

@@ -435,8 +435,31 @@ cdef class Scheduler:
             g._set_busy(False)
             unlock_backends(self.backends)
             raise
-        compute_locked(g, _sched_compute_on, cur.ptr, g._unproven, "ggml_backend_sched_graph_compute",
+        # the guarded proof computes the whole graph on the CPU from host memory: needed when
+        # the CPU computes nodes, possible when every backend's memory is the host's
+        cdef bint prove = g._unproven and _sched_cpu_nodes(cur, self.backends) > 0
+        if prove and not all((<Backend>b).host for b in self.backends):
+            g._set_busy(False)
+            unlock_backends(self.backends)
+            raise ArgumentError(f"compute: the scheduler gives the CPU nodes that need pyggml's guarded proof "
+                                f"first ({_why_proof(g)}); the proof reads the graph in host memory, and parts "
+                                f"of it are in {', '.join(b.name for b in self.backends if not (<Backend>b).host)}'s")
+        compute_locked(g, _sched_compute_on, cur.ptr, prove, "ggml_backend_sched_graph_compute",
                        self.backends, (keep, cur))
+
+
+cdef int _sched_cpu_nodes(_SchedAllocation cur, object backends):
+    """How many of the allocated graph's nodes the scheduler gave a CPU backend."""
+    cdef int i, n = 0
+    cdef ggml_backend_t p
+    cdef ggml_cgraph * gp = (<Graph>cur.graph()).ptr
+    for i in range(ggml_graph_n_nodes(gp)):
+        p = ggml_backend_sched_get_tensor_backend(cur.ptr, ggml_graph_node(gp, i))
+        for b in backends:
+            if (<Backend>b).ptr == p and (<Backend>b).is_cpu:
+                n += 1
+                break
+    return n
 
 
 cdef int _need_values(_SchedAllocation a) except -1:

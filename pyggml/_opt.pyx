@@ -74,6 +74,12 @@ cdef class Dataset:
         self.type_data, self.type_label = Type(type_data), Type(type_label)
         self.ptr = pyggml_opt_dataset_init_nothrow(<ggml_type><int>type_data, <ggml_type><int>type_label,
                                                    ne_datapoint, ne_label, ndata, ndata_shard)
+        # ggml_opt_dataset_init does not check its buffer's allocation: a dataset too large
+        # for memory comes back with tensors whose data is NULL
+        if self.ptr != NULL and (ggml_opt_dataset_data(self.ptr).data == NULL or
+                                 (ne_label > 0 and ggml_opt_dataset_labels(self.ptr).data == NULL)):
+            ggml_opt_dataset_free(self.ptr)
+            self.ptr = NULL
         if self.ptr == NULL:
             raise ContextFullError(f"Dataset: no memory for {ndata} points of {ne_datapoint} values and labels of "
                                    f"{ne_label}")

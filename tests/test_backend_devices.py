@@ -8,6 +8,7 @@ device of the build that is not the CPU or the BLAS backend (a GPU), else the CP
 so that these tests run in every build: on the CPU they check the host side of the same
 paths."""
 
+import gc
 import os
 
 import numpy as np
@@ -37,6 +38,7 @@ def device(request):
     assert name in {d["name"] for d in _DEVS}, f"{name} is not among this build's devices"
     be = pyggml.Backend(name)
     yield be
+    gc.collect()                  # a test's Scheduler over it, unreachable but not yet freed
     be.close()
 
 
@@ -134,26 +136,93 @@ def test_the_scheduler_over_the_device_and_the_cpu_computes_as_float64(device):
         assert sched.n_splits >= 1
         assert sched.backend_of(mm) is device              # the first backend takes what it can
         got = out.get()
+    del sched
     s = y.astype(np.float64) @ x.astype(np.float64).T
     e = np.exp(s - s.max(axis=1, keepdims=True))
     assert reference.nmse(got, e / e.sum(axis=1, keepdims=True)) < 1e-10
 
 
+def _fab_graph(ctx):
+    q = ctx.new_tensor(Type.F32, (16, 4, 2, 1))
+    k = ctx.new_tensor(Type.F32, (16, 8, 2, 1))
+    v = ctx.new_tensor(Type.F32, (8, 16, 2, 1))     # transposed: [M, D]
+    d = ctx.new_tensor(Type.F32, (16, 4, 2, 1))
+    node = pyggml.flash_attn_back(ctx, q, k, v, d, False)
+    return (q, k, v, d), node
+
+
+def test_the_scheduler_gives_the_cpu_a_node_the_device_cannot_compute(device):
+    """FLASH_ATTN_BACK (a CPU kernel only) in a scheduler over [device, CPU]: the CPU takes
+    it; its result is the one Graph.compute gives. Where the graph needs the guarded proof
+    and lies partly in device memory, the compute is refused with the reason."""
+    vals = [f32(*shape, seed=i) for i, shape in enumerate([(1, 2, 4, 16), (1, 2, 8, 16), (1, 2, 16, 8), (1, 2, 4, 16)])]
+    with pyggml.Context(1 << 20) as ctx:
+        ins, node = _fab_graph(ctx)
+        for t, a in zip(ins, vals):
+            t.set(a)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(node)
+        g.compute()
+        want = node.get()
+    cpu = pyggml.Backend("CPU")
+    sched = pyggml.Scheduler([device, cpu])
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        ins, node = _fab_graph(ctx)
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(node)
+        sched.alloc_graph(g)
+        for t, a in zip(ins, vals):
+            t.set(a)
+        if not device.host:
+            assert sched.backend_of(node) is cpu
+        if device.host or pyggml.build_info()["kernels"]["known"]:
+            sched.graph_compute(g)
+            np.testing.assert_array_equal(node.get(), want)
+        else:
+            with pytest.raises(ArgumentError, match="the scheduler gives the CPU nodes that need pyggml's guarded"):
+                sched.graph_compute(g)
+    del sched
+
+
+def _compare_graph(ctx):
+    a = ctx.new_tensor(Type.F32, (64, 32))
+    b = ctx.new_tensor(Type.F32, (64, 16))
+    out = pyggml.gelu(ctx, pyggml.rms_norm(ctx, pyggml.mul_mat(ctx, a, b), 1e-5))
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(out)
+    return a, b, g
+
+
 def test_compare_graph_backend_finds_the_device_and_the_cpu_agree(device):
+    """The graph in the CPU backend's buffers, copied by ggml to the device's."""
     cpu = pyggml.Backend("CPU")
     with pyggml.Context(1 << 20, no_alloc=True) as ctx:
-        a = ctx.new_tensor(Type.F32, (64, 32))
-        b = ctx.new_tensor(Type.F32, (64, 16))
-        out = pyggml.gelu(ctx, pyggml.rms_norm(ctx, pyggml.mul_mat(ctx, a, b), 1e-5))
-        g = pyggml.Graph(ctx)
-        g.build_forward_expand(out)
-        device.alloc_ctx_tensors(ctx)
+        a, b, g = _compare_graph(ctx)
+        cpu.alloc_ctx_tensors(ctx)
         a.set(f32(32, 64))
         b.set(f32(16, 64, seed=2))
-        res = pyggml.compare_graph_backend(g, device, cpu, tolerance=1e-6)
+        res = pyggml.compare_graph_backend(g, cpu, device, tolerance=1e-6)
     compared = [n for n in res["nodes"] if n["compared"]]
     assert [n["op"] for n in compared] == ["MUL_MAT", "RMS_NORM", "GELU"]
     assert res["first_diverging"] is None, res
+
+
+def test_compare_graph_backend_from_device_memory_needs_no_proof_or_says_so(device):
+    """The graph in the device's buffers: the CPU's copy of each node is computed from
+    there. Where the graph needs pyggml's guarded proof (a ggml whose kernels pyggml has not
+    reviewed: a system or prebuilt one), which reads host memory, that is refused."""
+    cpu = pyggml.Backend("CPU")
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a, b, g = _compare_graph(ctx)
+        device.alloc_ctx_tensors(ctx)
+        a.set(f32(32, 64))
+        b.set(f32(16, 64, seed=2))
+        if device.host or pyggml.build_info()["kernels"]["known"]:
+            res = pyggml.compare_graph_backend(g, device, cpu, tolerance=1e-6)
+            assert res["first_diverging"] is None, res
+        else:
+            with pytest.raises(ArgumentError, match="the proof reads the graph in host memory"):
+                pyggml.compare_graph_backend(g, device, cpu)
 
 
 def test_a_node_the_device_cannot_compute_is_refused_before_ggml_sees_it(device):
@@ -174,3 +243,43 @@ def test_a_node_the_device_cannot_compute_is_refused_before_ggml_sees_it(device)
         device.alloc_ctx_tensors(ctx)
         with pytest.raises(UnsupportedOpError, match=f"{device.name} cannot compute node"):
             device.graph_compute(g)
+
+
+class _AsDeviceMemory:
+    """The CPU backend, taken for one whose memory the host cannot see (host False): the
+    sweep's backend: path then reads results as it does from a GPU (a cont node for a
+    strided result, get() copies)."""
+    host = False
+    name = "CPU-as-device"
+
+    def __init__(self):
+        self._cpu = pyggml.Backend("CPU")
+
+    def alloc_ctx_tensors(self, ctx):
+        return self._cpu.alloc_ctx_tensors(ctx)
+
+    def graph_compute(self, g):
+        return self._cpu.graph_compute(g)
+
+
+def test_the_sweep_reads_device_memory_as_it_reads_host_memory():
+    """Every registry op and type (one sample each): the result read out of 'device memory'
+    has the bits the host path reads from the same kernels (views included)."""
+    from pyggml.opinfo import harness, registry
+    from pyggml.parity.subjects import sample_seed
+    cpu, dev = pyggml.Backend("CPU"), _AsDeviceMemory()
+    n = 0
+    for op, info in registry().items():
+        for t in info.types:
+            for s in list(info.samples(np.random.default_rng(sample_seed(op, t.name, 0)), t))[:1]:
+                if any(isinstance(a, pyggml.Tensor) for a in s.args):
+                    continue
+                try:
+                    want = harness.compute_on_backend(info, s, cpu)
+                except pyggml.errors.GGMLError:
+                    continue                      # refused on the host path too
+                got = harness.compute_on_backend(info, s, dev)
+                assert got.shape == want.shape and got.dtype == want.dtype, (op, t, s.name)
+                np.testing.assert_array_equal(got, want, err_msg=f"{op} {t.name} {s.name}")
+                n += 1
+    assert n > 700

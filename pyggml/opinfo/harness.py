@@ -219,14 +219,31 @@ def _nbytes_hint(sample: Sample) -> int:
 
 
 def read(t: pyggml.Tensor) -> np.ndarray:
-    """A result tensor's values as float64 (or int) in numpy order."""
+    """A result tensor's values as float64 (or int) in numpy order (host memory: a view's
+    strides as they are)."""
     typ = t.type
-    if typ == Type.BF16:
-        return pyggml.dequantize(Type.BF16, t.numpy().copy(), t.shape).astype(np.float64)
-    if typ.is_quantized:
-        return pyggml.dequantize(typ, t.blocks().copy(), t.shape).astype(np.float64)
-    a = t.numpy().copy()
+    return _values(typ, t.blocks() if typ.is_quantized else t.numpy(), t.shape)
+
+
+def _values(typ: Type, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """float64 (or int) values of a tensor's data as numpy() / blocks() / get() show it."""
+    if typ == Type.BF16 or typ.is_quantized:
+        return pyggml.dequantize(typ, np.ascontiguousarray(raw), shape).astype(np.float64)
+    a = np.array(raw)
     return a.astype(np.float64) if a.dtype.kind == "f" else a
+
+
+def _packed(t: pyggml.Tensor) -> bool:
+    """Whether a tensor's bytes are packed in ggml's order (ggml_is_contiguous)."""
+    want = t.type.type_size
+    if t.nb[0] != want:
+        return False
+    want = want * t.ne[0] // t.type.blck_size
+    for i in range(1, 4):
+        if t.ne[i] > 1 and t.nb[i] != want:
+            return False
+        want *= t.ne[i]
+    return True
 
 
 def _made(t: pyggml.Tensor) -> str:
@@ -296,13 +313,15 @@ def compute_on_backend(info: OpInfo, sample: Sample, backend: pyggml.Backend) ->
             stored.append((whole, pooled))
             args.append(_layout(out, whole, a))
         t = getattr(pyggml, info.op)(out, *args)
+        if not backend.host and not _packed(t):
+            t = pyggml.cont(out, t)         # get() copies whole tensors out of device memory
         backend.alloc_ctx_tensors(out)
         for whole, pooled in stored:
             whole.set(pooled.get())
         g = pyggml.Graph(out, 256)
         g.build_forward_expand(t)
         backend.graph_compute(g)
-        return read(t)
+        return read(t) if backend.host else _values(t.type, t.get(), t.shape)
 
 
 def _call_ref(info: OpInfo, sample: Sample, args: list[Any]) -> Any:
