@@ -133,10 +133,26 @@ def check_parity(c: Check, device: str, out: Path, jobs: int, quick: bool, timeo
         tally[r["verdict"]] = tally.get(r["verdict"], 0) + 1
     bad = [r for r in rows if r["verdict"] not in ("ok", "skipped", "refused")]
     worst = max((float(r["nmse"]) for r in rows if r["verdict"] == "ok" and r.get("nmse") is not None), default=None)
-    c.details.update({"path": path, "verdicts": tally, "not_ok": bad[:200], "worst_ok_nmse": worst})
+    sites = _abort_sites(bad)
+    c.details.update({"path": path, "verdicts": tally, "not_ok": bad[:300], "worst_ok_nmse": worst,
+                      "abort_sites": sites, "ops_not_ok": sorted({r["op"] for r in bad})})
     c.verdict = "ok" if rc == 0 and rows and not bad else "FAIL"
     c.summary = (f"{path}: {len(rows)} rows: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
-                 + (f"; worst NMSE of the ok rows {worst:.2e}" if worst is not None else "") + f" (rc {rc})")
+                 + (f"; worst NMSE of the ok rows {worst:.2e}" if worst is not None else "")
+                 + (f"; {len(sites)} places in ggml aborted: " + ", ".join(f"{k} ({v})" for k, v in
+                                                                          list(sites.items())[:6]) if sites else "")
+                 + f" (rc {rc})")
+
+
+def _abort_sites(rows: list[dict]) -> dict[str, int]:
+    """Where in ggml's sources the crashed rows aborted (``file.cu:line``), most first."""
+    import re
+    sites: dict[str, int] = {}
+    for r in rows:
+        m = re.search(r"ggml/src/(\S+?:\d+)", r.get("detail", ""))
+        if m:
+            sites[m.group(1)] = sites.get(m.group(1), 0) + 1
+    return dict(sorted(sites.items(), key=lambda kv: -kv[1]))
 
 
 def _rows(data) -> list[dict]:
