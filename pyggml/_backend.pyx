@@ -506,6 +506,11 @@ cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backen
     if graph._index_ops:
         raise ArgumentError("compare_graph_backend: the graph reads positions from tensor values (get_rows, ...), "
                             "which pyggml checks only in Graph.compute and Backend.graph_compute")
+    if graph._unproven and not backend1.host and (backend1.is_cpu or backend2.is_cpu):
+        raise ArgumentError(f"compare_graph_backend: the CPU computes this graph's nodes, which need pyggml's "
+                            f"guarded proof first ({_why_proof(graph)}); the proof reads the graph in host memory, "
+                            f"and it is in {backend1.name}'s: allocate it in the CPU backend's buffers and pass "
+                            f"that backend as backend1")
     cdef tuple pair = (backend1, backend2)
     cdef _CompareState cs = _CompareState.__new__(_CompareState)
     cs.c.st.rows = <pyggml_node_cmp *>calloc(max(n, 1), sizeof(pyggml_node_cmp))
@@ -530,11 +535,6 @@ cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backen
         graph._set_busy(False)
         unlock_backends(pair)
         raise
-    if graph._unproven and not backend1.host and (backend1.is_cpu or backend2.is_cpu):
-        raise ArgumentError(f"compare_graph_backend: the CPU computes this graph's nodes, which need pyggml's "
-                            f"guarded proof first ({_why_proof(graph)}); the proof reads the graph in host memory, "
-                            f"and it is in {backend1.name}'s: allocate it in the CPU backend's buffers and pass "
-                            f"that backend as backend1")
     compute_locked(graph, _compare_on, &cs.c, graph._unproven and (backend1.is_cpu or backend2.is_cpu),
                    "compare_graph_backend", pair, (keep, cs))
     if cs.c.rc < 0:
