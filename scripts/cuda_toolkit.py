@@ -2,8 +2,8 @@
 """A CUDA toolkit from the package registry, for ``PYGGML_CUDA=ON`` on a machine with no
 system CUDA: NVIDIA's wheels (nvcc, the runtime, CCCL, cuBLAS) installed into one folder,
 which then has the layout of a toolkit (``nvidia/cu13/{bin,include,lib,nvvm}``) but for the
-unversioned library names a linker looks for (``libcudart.so``, ``libcublas.so``): this script
-adds those as links, checks nvcc, and prints the command that builds pyggml with it.
+unversioned library names a linker looks for (``libcudart.so``, ``libcublas.so``) and the
+``lib64`` folder nvcc links from: this script adds those as links, checks nvcc, and prints the command that builds pyggml with it.
 
     python scripts/cuda_toolkit.py build/cuda            # then run the command it prints
 
@@ -38,6 +38,9 @@ def link(root: Path) -> list[str]:
     """The unversioned links, made where missing; the names made."""
     lib = root / "lib"
     made = []
+    if not (root / "lib64").exists():           # where nvcc.profile's -L looks (lib$(_TARGET_SIZE_))
+        os.symlink("lib", root / "lib64")
+        made.append("lib64")
     for name, target in LINKS.items():
         if not (lib / target).is_file():
             raise SystemExit(f"cuda_toolkit: {lib / target} is missing: is {root} a complete install?")

@@ -619,7 +619,8 @@ def test_the_registry_cuda_toolkit_gets_the_unversioned_names_a_linker_looks_for
     (root / "lib").mkdir(parents=True)
     for target in ct.LINKS.values():
         (root / "lib" / target).write_bytes(b"\x7fELF")
-    assert sorted(ct.link(root)) == ["libcublas.so", "libcublasLt.so", "libcudart.so"]
+    assert sorted(ct.link(root)) == ["lib64", "libcublas.so", "libcublasLt.so", "libcudart.so"]
+    assert (root / "lib64" / "libcudart.so.13").is_file()
     assert (root / "lib" / "libcudart.so").resolve() == (root / "lib" / "libcudart.so.13").resolve()
     assert ct.link(root) == []                                 # a second run makes none
     (root / "lib" / "libcublasLt.so.13").unlink()
