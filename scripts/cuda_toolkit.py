@@ -56,8 +56,10 @@ def check_nvcc(root: Path) -> str:
 
 
 def build_command(root: Path, arch: str) -> str:
+    # GGML_CUDA_NO_VMM: ggml's default links the driver (libcuda) for its virtual-memory pool,
+    # and the registry has no driver stub to link; ggml then pools with cudaMalloc
     return (f"CUDACXX={root}/bin/nvcc CUDAToolkit_ROOT={root} PYGGML_CUDA=ON "
-            f"pip install . -Ccmake.define.CMAKE_CUDA_ARCHITECTURES={arch}")
+            f"pip install . -Ccmake.define.CMAKE_CUDA_ARCHITECTURES={arch} -Ccmake.define.GGML_CUDA_NO_VMM=ON")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -629,7 +629,7 @@ def test_the_registry_cuda_toolkit_gets_the_unversioned_names_a_linker_looks_for
         ct.link(root)
     cmd = ct.build_command(root, "90")
     assert cmd.startswith(f"CUDACXX={root}/bin/nvcc CUDAToolkit_ROOT={root} PYGGML_CUDA=ON pip install .")
-    assert cmd.endswith("CMAKE_CUDA_ARCHITECTURES=90")
+    assert cmd.endswith("CMAKE_CUDA_ARCHITECTURES=90 -Ccmake.define.GGML_CUDA_NO_VMM=ON")
     assert all(w.count("==") == 1 for w in ct.WHEELS)         # exact pins
 def test_the_parity_sweep_benchmark_runs_both_proof_modes_side_by_side():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_parity_sweep.py"), "--dry-run"],
