@@ -60,7 +60,8 @@ print(json.dumps(out))
 
 
 def _run(mode):
-    p = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=240)
+    p = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=240,
+                       cwd="/")          # not the source tree's pyggml
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
