@@ -202,6 +202,7 @@ def check_llama(c: Check, device: str, pyggml) -> None:
     x0 = W.pop("emb")[rng.integers(0, vocab, T)]                              # the embedded tokens
     outs = {}
     cmp = None
+    unavailable = ""
     dev = pyggml.Backend(device)
     cpu = pyggml.Backend("CPU")
     for name, be in (("device", dev), ("cpu", cpu)):
@@ -217,14 +218,22 @@ def check_llama(c: Check, device: str, pyggml) -> None:
             if name == "cpu":
                 # the graph in the CPU's buffers, ggml's copy in the device's: the guarded
                 # proof (a ggml whose kernels pyggml has not reviewed) reads host memory
-                cmp = pyggml.compare_graph_backend(g, cpu, dev, tolerance=1e-5)
+                try:
+                    cmp = pyggml.compare_graph_backend(g, cpu, dev, tolerance=1e-5)
+                except pyggml.errors.GGMLVersionError as e:     # an older ggml's signature
+                    unavailable = str(e)
     nmse = pyggml.reference.nmse(outs["device"], outs["cpu"])
+    c.details = {"shape": {"d": d, "heads": H, "tokens": T, "ffn": ff}, "out_nmse_vs_cpu": nmse}
+    if cmp is None:
+        c.details["compare_unavailable"] = unavailable
+        c.verdict = "ok" if nmse < 1e-5 else "FAIL"
+        c.summary = f"output NMSE vs CPU {nmse:.1e}; no node-by-node comparison: {unavailable}"
+        return
     compared = [n for n in cmp["nodes"] if n["compared"]]
     worst = max(compared, key=lambda n: n["nmse"]) if compared else None
     first = cmp["first_diverging"]
-    c.details = {"shape": {"d": d, "heads": H, "tokens": T, "ffn": ff}, "out_nmse_vs_cpu": nmse,
-                 "nodes": len(cmp["nodes"]), "compared": len(compared),
-                 "worst_node": worst, "first_diverging": first}
+    c.details.update({"nodes": len(cmp["nodes"]), "compared": len(compared),
+                      "worst_node": worst, "first_diverging": first})
     c.verdict = "ok" if compared and first is None and nmse < 1e-5 else "FAIL"
     c.summary = (f"{len(compared)} of {len(cmp['nodes'])} nodes compared with the CPU, worst NMSE "
                  f"{worst['nmse']:.1e} ({worst['op']}); output NMSE vs CPU {nmse:.1e}"
@@ -256,6 +265,10 @@ def check_attention(c: Check, device: str, pyggml) -> None:
         v = rng.standard_normal((1, KVH, M, D)).astype(np.float16)
         # causal with the queries at the end of the keys (a decode step when N == 1)
         mask = np.where(np.arange(M)[None, :] > (M - N + np.arange(N))[:, None], -np.inf, 0).astype(np.float16)
+        # rows padded to 64 (GGML_KQ_MASK_PAD, which ggml releases before 0.10 require); unread
+        NP = -(-N // 64) * 64
+        padded = np.zeros((NP, M), np.float16)
+        padded[:N] = mask
         scale = D ** -0.5
         want = _attention_f64(q, k, v, mask, scale)
         got = {}
@@ -264,7 +277,7 @@ def check_attention(c: Check, device: str, pyggml) -> None:
                 tq = ctx.new_tensor(Type.F32, (D, N, H, 1))
                 tk = ctx.new_tensor(Type.F16, (D, M, KVH, 1))
                 tv = ctx.new_tensor(Type.F16, (D, M, KVH, 1))
-                tm = ctx.new_tensor(Type.F16, (M, N, 1, 1))
+                tm = ctx.new_tensor(Type.F16, (M, NP, 1, 1))
                 o = pyggml.flash_attn_ext(ctx, tq, tk, tv, tm, scale, 0.0, 0.0)
                 g = pyggml.Graph(ctx)
                 g.build_forward_expand(o)
@@ -275,7 +288,7 @@ def check_attention(c: Check, device: str, pyggml) -> None:
                 tq.set(q)
                 tk.set(k)
                 tv.set(v)
-                tm.set(mask.reshape(1, 1, N, M))
+                tm.set(padded.reshape(1, 1, NP, M))
                 be.graph_compute(g)
                 got[name] = o.get().reshape(1, N, H, D).transpose(0, 2, 1, 3)    # [D,H,N,1] -> (B,H,N,D)
         row = {"D": D, "N": N, "M": M, "H": H, "KVH": KVH,

@@ -598,7 +598,9 @@ def test_the_gpu_check_runs_its_in_process_steps_with_the_cpu_in_place_of_the_gp
     assert [steps[s]["verdict"] for s in ("info", "tests", "parity", "llama", "attention")] == \
         ["ok", "skipped", "skipped", "ok", "ok"]
     llama = steps["llama"]["details"]
-    assert llama["compared"] >= 20 and llama["first_diverging"] is None and llama["out_nmse_vs_cpu"] == 0.0
+    assert llama["out_nmse_vs_cpu"] == 0.0
+    if "compare_unavailable" not in llama:          # ggml 0.9.4's compare_graph_backend differs
+        assert llama["compared"] >= 20 and llama["first_diverging"] is None
     cases = steps["attention"]["details"]["cases"]
     assert [(c["D"], c["N"]) for c in cases] == [(64, 128), (128, 64), (128, 1)]
     assert all(0 < c["device_nmse_f64"] < gc.FA_NMSE for c in cases)
