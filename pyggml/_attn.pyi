@@ -6,7 +6,7 @@ import numpy as np
 
 from pyggml._core import Context, Tensor
 
-__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "set_isa"]
+__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "fma_peak", "set_isa"]
 
 def blocked_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, d: np.ndarray, lse: np.ndarray | None,
                      o: np.ndarray | None, scale: float, masked: bool, grouping: int,
@@ -14,6 +14,7 @@ def blocked_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, d: np.ndarray,
 ISAS: dict[str, int]
 
 def set_isa(name: str) -> str: ...
+def fma_peak(isa: str = ..., seconds: float = ..., repeat: int = ...) -> float | None: ...
 def blocked_offsets(q: Any, k: Any) -> tuple[int, int, int, int]: ...
 def blocked_backward_node(ctx: Context, q: Any, k: Any, v: Any, d: Any, scale: float, masked: bool, grouping: int,
                           lse: Any = None, o: Any = None) -> Tensor: ...

@@ -18,6 +18,9 @@ from pyggml._rt cimport *
 from pyggml._core cimport Context, Tensor, arg_tensor, arg_tensor_or_none, check_node_named, need_open
 from pyggml._cpu cimport run_interruptibly
 
+import statistics
+import time
+
 import numpy as np
 
 from pyggml._cpu import DEFAULT_N_THREADS
@@ -25,7 +28,7 @@ from pyggml.errors import ArgumentError, GGMLTypeError, GGMLVersionError
 
 cnp.import_array()
 
-__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "set_isa"]
+__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "fma_peak", "set_isa"]
 
 
 cdef int _need_array(object x, str name, int ndim) except -1:
@@ -164,6 +167,43 @@ def set_isa(name):
     if name not in ISAS:
         raise ArgumentError(f"set_isa: name must be one of {', '.join(ISAS)}, not {name!r}")
     return _ISA_NAMES[pyggml_attn_bwd_set_isa(ISAS[name])]
+
+
+def fma_peak(isa="auto", seconds=0.3, repeat=5):
+    """fma_peak(isa="auto", seconds=0.3, repeat=5) -> float | None: one core's measured rate
+    of fused multiply-adds, GFLOP/s per CPU-second of the calling thread (the median of
+    ``repeat`` runs of about ``seconds / repeat`` each), on the vector path ``isa``
+    (``"avx2"``: 8 floats, ``"avx512"``: 16; ``"auto"``: the path the blocked kernel uses).
+    The ceiling the benchmarks put the kernels' rates against. None where the CPU or the
+    build lacks the path (the portable path has no FMA peak of its own)."""
+    if isa not in ISAS:
+        raise ArgumentError(f"fma_peak: isa must be one of {', '.join(ISAS)}, not {isa!r}")
+    if not (seconds > 0 and repeat >= 1):
+        raise ArgumentError(f"fma_peak: seconds must be > 0 and repeat >= 1, not {seconds!r}, {repeat!r}")
+    cdef int path = ISAS[isa]
+    cdef long iters = 1 << 12
+    cdef double flops
+    cdef double t0
+    with nogil:
+        flops = pyggml_attn_fma_flops(path, 1)
+    if flops < 0:
+        return None
+    per_run = seconds / repeat
+    while True:                     # calibrate: a run of at least per_run CPU-seconds
+        t0 = time.thread_time()
+        with nogil:
+            flops = pyggml_attn_fma_flops(path, iters)
+        dt = time.thread_time() - t0
+        if dt >= per_run or iters > (1 << 40):
+            break
+        iters *= 2 if dt <= 0 else max(2, min(64, int(per_run / dt * 1.2) + 1))
+    rates = []
+    for _ in range(repeat):
+        t0 = time.thread_time()
+        with nogil:
+            flops = pyggml_attn_fma_flops(path, iters)
+        rates.append(flops / max(time.thread_time() - t0, 1e-9) / 1e9)
+    return float(statistics.median(rates))
 
 
 def blocked_offsets(q, k):

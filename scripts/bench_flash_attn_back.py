@@ -9,12 +9,17 @@ kernel that scales perfectly shows the same GFLOP/s as with 1. GFLOP/s counts th
 10*N*M*D*H flops of a backward (half when masked), whatever a kernel really does (the
 blocked kernel without lse recomputes the softmax statistics, about 14*N*M*D*H).
 
-Also printed: the single-core SGEMM rate of numpy's BLAS (1024^3, float32) and an estimate
-of the core's FMA peak from its clock, the ratios to both, the extra memory each kernel
-allocates while it runs (one thread; Linux's peak-RSS counter), and the exponent of cost
-growth in N.
+Also printed, so that no figure can be read without its machine: the command, the CPU
+model (family and model numbers: "AMD EPYC" alone does not tell Zen 3 from Zen 5), the code
+path of the blocked kernel (``--isa``: AVX-512 or AVX2+FMA), one core's FMA peak *measured*
+on that path (a micro-kernel of independent fused multiply-adds, ``pyggml._attn.fma_peak``:
+not the nominal clock times lanes, which misleads where the clock boosts or AVX-512 is
+split in halves), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
+library and the kernel it chose (threadpoolctl, where installed), the ratios to both, the
+extra memory each kernel allocates while it runs (one thread; Linux's peak-RSS counter),
+and the exponent of cost growth in N.
 
-Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2]``
+Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]``
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np  # noqa: E402
 
 import pyggml  # noqa: E402
 from pyggml import _attn, reference  # noqa: E402
+from pyggml._machine import cpu_model, usable_cores  # noqa: E402
 
 KERNELS = ("ggml", "blocked", "blocked+lse", "torch", "float64")
 
@@ -146,17 +152,18 @@ def sgemm_rate():
     return 2 * 1024 ** 3 / cpu_median(lambda: a @ b, 5) / 1e9
 
 
-def peak_estimate():
-    """GFLOP/s of one core at the clock /proc/cpuinfo reports, two FMA pipes of 8 floats
-    (AVX2) or 16 (AVX-512): an estimate (the real clock may boost above the reported one)."""
+def blas_info():
+    """numpy's BLAS as threadpoolctl reports it ("OpenBLAS 0.3.27, kernel Zen, 1 thread"),
+    or what numpy's build says where threadpoolctl is absent."""
     try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
-        return None
-    mhz = [float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")]
-    lanes = 16 if " avx512f" in text else 8
-    return max(mhz) * 2 * lanes * 2 / 1000 if mhz else None
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl absent: the BLAS kernel unknown (pip install threadpoolctl)"
+    libs = [d for d in threadpool_info() if d.get("user_api") == "blas"]
+    if not libs:
+        return "no BLAS found by threadpoolctl"
+    return "; ".join(f"{d.get('internal_api')} {d.get('version')}, kernel {d.get('architecture') or '?'}, "
+                     f"{d.get('num_threads')} thread(s)" for d in libs)
 
 
 def torch_version():
@@ -189,6 +196,8 @@ def main() -> int:
     ap.add_argument("--reference-max-n", type=int, default=1024, help="the float64 reference up to this N")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     ap.add_argument("--json", help="write the rows and the summary here")
+    ap.add_argument("--isa", default="auto", choices=list(_attn.ISAS),
+                    help="the blocked kernel's code path (and the FMA peak's): auto = the best this CPU has")
     args = ap.parse_args()
     Ds = [64] if args.quick else [int(x) for x in args.D.split(",")]
     Ns = [256, 512] if args.quick else [int(x) for x in args.N.split(",")]
@@ -196,15 +205,20 @@ def main() -> int:
     has_torch = torch_version() is not None
     kernels = [k for k in KERNELS if k != "torch" or has_torch]
 
-    sgemm, peak = sgemm_rate(), peak_estimate()
+    isa = _attn.set_isa(args.isa)
+    sgemm, peak = sgemm_rate(), _attn.fma_peak(isa if isa != "portable" else "auto")
     info = pyggml.build_info()
+    print("$ " + " ".join(["python"] + sys.argv))
+    print(f"CPU: {cpu_model()}, {usable_cores()} usable core(s), load average {os.getloadavg()[0]:.2f}")
     print(f"pyggml {pyggml.__version__}, ggml {pyggml.ggml_version()} (native={info['native']}), "
           f"torch {torch_version() or 'absent'}; median of {args.repeat} per CPU-second")
-    print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s; core peak estimate at the reported clock: "
-          f"{f'{peak:.1f} GFLOP/s' if peak else 'unknown'}")
+    print(f"blocked kernel's path: {isa}; FMA peak measured on it: "
+          f"{f'{peak:.1f} GFLOP/s per core' if peak else 'none (no FMA path)'}")
+    print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s ({blas_info()})")
     head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'mask':>4} {'thr':>3} | " +
             " ".join(f"{k:>11}" for k in kernels) +
-            f" | {'blk/ggml':>8} {'blk/torch':>9} {'lse/sgemm':>9} | {'MB ggml':>7} {'MB blk':>7}")
+            f" | {'blk/ggml':>8} {'blk/torch':>9} {'lse/torch':>9} {'lse/sgemm':>9} {'lse/peak':>8}"
+            f" | {'MB ggml':>7} {'MB blk':>7}")
     print("GFLOP/s per CPU-second (nominal flops):")
     print(head)
     print("-" * len(head))
@@ -229,13 +243,17 @@ def main() -> int:
                            "gflops": rate, "extra_bytes": mem,
                            "blocked_over_ggml": cpu["ggml"] / cpu["blocked"],
                            "blocked_over_torch": cpu["torch"] / cpu["blocked"] if "torch" in cpu else None,
-                           "lse_over_sgemm": rate["blocked+lse"] / sgemm}
+                           "lse_over_torch": cpu["torch"] / cpu["blocked+lse"] if "torch" in cpu else None,
+                           "lse_over_sgemm": rate["blocked+lse"] / sgemm,
+                           "lse_over_peak": rate["blocked+lse"] / peak if peak else None}
                     rows.append(row)
                     cells = " ".join(f"{rate[k]:11.1f}" if k in rate else f"{'-':>11}" for k in kernels)
-                    vs_torch = f"{row['blocked_over_torch']:8.2f}x" if row["blocked_over_torch"] else f"{'-':>9}"
+                    x = lambda v, w: f"{v:{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"  # noqa: E731
                     mb = lambda b: f"{b / 2**20:7.1f}" if b is not None else f"{'-':>7}"  # noqa: E731
                     print(f"{D:4d} {N:5d} {H:2d} {'yes' if masked else 'no':>4} {threads:3d} | {cells} | "
-                          f"{row['blocked_over_ggml']:7.2f}x {vs_torch} {row['lse_over_sgemm']:8.2f}x | "
+                          f"{x(row['blocked_over_ggml'], 8)} {x(row['blocked_over_torch'], 9)} "
+                          f"{x(row['lse_over_torch'], 9)} {x(row['lse_over_sgemm'], 9)} "
+                          f"{row['lse_over_peak'] * 100 if peak else 0:7.0f}% | "
                           f"{mb(mem.get('ggml'))} {mb(mem.get('blocked'))}", flush=True)
                 run.close()
 
@@ -256,6 +274,10 @@ def main() -> int:
                                                     if not r["masked"] and r["blocked_over_torch"]), default=None),
             "blocked_over_torch_masked_min": min((r["blocked_over_torch"] for r in big
                                                   if r["masked"] and r["blocked_over_torch"]), default=None),
+            "lse_over_torch_unmasked_min": min((r["lse_over_torch"] for r in big
+                                                if not r["masked"] and r["lse_over_torch"]), default=None),
+            "lse_over_torch_masked_min": min((r["lse_over_torch"] for r in big
+                                              if r["masked"] and r["lse_over_torch"]), default=None),
             "lse_over_sgemm_min_1thread": min((r["lse_over_sgemm"] for r in big if r["threads"] == 1),
                                               default=None),
             "blocked_lse_over_peak_max_1thread": (max(r["gflops"]["blocked+lse"] for r in big if r["threads"] == 1)
@@ -264,7 +286,8 @@ def main() -> int:
         print("\nN >= 1024: " + "; ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sgemm_gflops": sgemm, "peak_estimate_gflops": peak, "rows": rows, "summary": summary}, f,
+            json.dump({"command": sys.argv, "cpu": cpu_model(), "isa": isa, "blas": blas_info(),
+                       "sgemm_gflops": sgemm, "fma_peak_gflops": peak, "rows": rows, "summary": summary}, f,
                       indent=1)
     return 0
 

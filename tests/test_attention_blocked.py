@@ -47,6 +47,29 @@ def close(g, r, scale):
     return reference.nmse(g, r) <= NMSE_MAX
 
 
+def test_the_fma_peak_is_measured_on_each_path_the_cpu_has():
+    """pyggml._attn.fma_peak: the benchmarks' ceiling, measured. A path the CPU lacks (and the
+    portable one) has none; a path it has gives a rate between 1 GFLOP/s and what 2 FMA
+    pipes of its width could do at 6 GHz (a wrong flop count per round falls outside)."""
+    lanes = {"avx2": 8, "avx512": 16}
+    try:
+        have = {name: _attn.set_isa(name) == name for name in lanes}
+    finally:
+        _attn.set_isa("auto")
+    assert _attn.fma_peak("portable") is None
+    for name, width in lanes.items():
+        rate = _attn.fma_peak(name, seconds=0.05, repeat=3)
+        if not have[name]:
+            assert rate is None
+            continue
+        assert 1.0 < rate < 2 * 2 * width * 6.0, (name, rate)
+    assert (_attn.fma_peak("auto", 0.05, 1) is None) == (_attn.set_isa("auto") == "portable")
+    with pytest.raises(ArgumentError, match="fma_peak: isa"):
+        _attn.fma_peak("sse2")
+    with pytest.raises(ArgumentError, match="fma_peak: seconds"):
+        _attn.fma_peak("auto", seconds=0)
+
+
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("H, KVH, mapping", HEADS)
 @pytest.mark.parametrize("N, M", NM)

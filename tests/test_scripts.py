@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import pyggml
+from pyggml import _attn
+from pyggml._machine import cpu_model
 from sources import load_script, load_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -566,12 +568,19 @@ def test_the_attention_benchmark_measures_every_kernel_side_by_side(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["sgemm_gflops"] > 0 and len(doc["rows"]) == 4       # N 256, 512 x masked or not
+    assert doc["cpu"] and doc["blas"] and doc["command"][-2:] == ["--json", str(out)]
+    assert doc["isa"] == _attn.set_isa("auto")                       # the kernel's path, named
+    if doc["isa"] != "portable":    # the measured peak, and each row's share of it from the same run
+        assert doc["fma_peak_gflops"] > 0
+        for r in doc["rows"]:
+            assert r["lse_over_peak"] == pytest.approx(r["gflops"]["blocked+lse"] / doc["fma_peak_gflops"])
     for r in doc["rows"]:
         assert {"ggml", "blocked", "blocked+lse", "float64"} <= set(r["gflops"])
         assert all(v > 0 for v in r["gflops"].values())
         assert r["blocked_over_ggml"] == pytest.approx(r["cpu_s"]["ggml"] / r["cpu_s"]["blocked"])
         assert r["extra_bytes"]["blocked"] > 0 and r["extra_bytes"]["ggml"] > 0
     assert "GFLOP/s per CPU-second" in proc.stdout and "blk/ggml" in proc.stdout
+    assert f"CPU: {cpu_model()}" in proc.stdout and "FMA peak measured" in proc.stdout
 
 
 def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):

@@ -75,6 +75,11 @@ PYGGML_ATTN_API int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_thre
  * Not thread-safe against concurrent runs; call it before starting any. */
 PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force);
 
+/* Benchmark hook: runs ``iters`` rounds of independent fused multiply-adds on path ``isa``
+ * (2 = AVX2+FMA, 3 = AVX-512, 0 = the path the kernels use) and returns the flops done, or -1 where this CPU (or build)
+ * lacks the path. The caller times it (its thread's CPU time). */
+PYGGML_ATTN_API double pyggml_attn_fma_flops(int isa, long iters);
+
 #ifdef __cplusplus
 }
 #endif

@@ -517,3 +517,53 @@ int pyggml_attn_bwd_set_isa(int force) {
     g_isa_request = (force >= 1 && force <= 3) ? force : 0;
     return isa_in_use();
 }
+
+/* ------------------------------------- FMA peak ------------------------------------------- */
+/* The ceiling the kernels above are measured against (scripts/bench_flash_attn_back.py): one
+ * core's rate of fused multiply-adds on a path's vector width, from independent chains (more of
+ * them than the FMA latency times the pipes on any x86 core seen here: 4 cycles x 2 pipes), each
+ * acc = acc * m + a, which converges (|m| < 1) and never meets a subnormal. The accumulators are
+ * written to a volatile sink so the compiler keeps the loop. */
+#if PGAB_X86
+static volatile float g_fma_sink;
+
+#define PGAB_FMA_CHAINS_AVX2 12
+static PGAB_AVX2 double fma_loop_avx2(long iters) {
+    __m256 acc[PGAB_FMA_CHAINS_AVX2];
+    const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-3f);
+    for (int c = 0; c < PGAB_FMA_CHAINS_AVX2; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 12
+        for (int c = 0; c < PGAB_FMA_CHAINS_AVX2; c++) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
+    }
+    __m256 s = acc[0];
+    for (int c = 1; c < PGAB_FMA_CHAINS_AVX2; c++) s = _mm256_add_ps(s, acc[c]);
+    g_fma_sink = _mm256_cvtss_f32(s);
+    return 2.0 * 8 * PGAB_FMA_CHAINS_AVX2 * (double)iters;
+}
+
+#define PGAB_FMA_CHAINS_AVX512 24
+static PGAB_AVX512 double fma_loop_avx512(long iters) {
+    __m512 acc[PGAB_FMA_CHAINS_AVX512];
+    const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-3f);
+    for (int c = 0; c < PGAB_FMA_CHAINS_AVX512; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 24
+        for (int c = 0; c < PGAB_FMA_CHAINS_AVX512; c++) acc[c] = _mm512_fmadd_ps(acc[c], m, a);
+    }
+    __m512 s = acc[0];
+    for (int c = 1; c < PGAB_FMA_CHAINS_AVX512; c++) s = _mm512_add_ps(s, acc[c]);
+    g_fma_sink = _mm512_reduce_add_ps(s);
+    return 2.0 * 16 * PGAB_FMA_CHAINS_AVX512 * (double)iters;
+}
+#endif
+
+double pyggml_attn_fma_flops(int isa, long iters) {
+#if PGAB_X86
+    if (iters < 0) return -1.0;
+    if (isa == 0) isa = isa_in_use();
+    if (isa == 3 && cpu_has_avx512()) return fma_loop_avx512(iters);
+    if (isa == 2 && cpu_has_avx2()) return fma_loop_avx2(iters);
+#endif
+    return -1.0;
+}
