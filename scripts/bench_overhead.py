@@ -223,6 +223,9 @@ def main() -> int:
                 merge(cres, json.loads(out))
 
     import pyggml
+    from pyggml._machine import cpu_model
+    print("$ " + " ".join(["python"] + sys.argv))
+    print(f"CPU: {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
     print(f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()}); best of {args.alternations} x "
           f"{args.rounds} rounds ({args.small}-call rounds: 25x as many); {time.perf_counter() - t0:.1f} s")
     print(f"{'per call (us)':30s} {'C':>8s} {'pyggml':>8s} {'ggml-python':>12s} {'pyggml/C':>9s} {'peer/pyggml':>12s}")

@@ -16,13 +16,16 @@ graph pays it. Two ways, alternated in one run, medians:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
 
 import pyggml
 from pyggml import _cpu
+from pyggml._machine import cpu_model
 
 
 def step(X, Y, init, prove):
@@ -64,6 +67,8 @@ def main() -> None:
             step(X, Y, init, prove)
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    print("$ " + " ".join(["python"] + sys.argv))
+    print(f"CPU: {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
     print(f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()}); MLP {n_in}-{args.hidden}-{n_cls}, "
           f"batch {B}; median of {args.rounds} rounds, alternated")
     for k, v in med.items():
