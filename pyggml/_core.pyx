@@ -46,8 +46,8 @@ from enum import IntEnum
 import numpy as np
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, ExportError, GGMLAbort,
-                           GGMLTypeError, GGMLVersionError, InternalError, KernelPreconditionError, KernelTimeout,
-                           UnsupportedOpError, UpstreamDefect)
+                           GGMLTypeError, GGMLVersionError, GGUFError, InternalError, KernelPreconditionError,
+                           KernelTimeout, UnsupportedOpError, UpstreamDefect)
 
 cnp.import_array()
 pyggml_guard_install()

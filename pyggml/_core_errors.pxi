@@ -27,6 +27,7 @@ _STATUS_TABLE = {
     PYGGML_CXX_EXCEPTION: (ContextFullError, "{where}: ggml ran out of memory ({msg}){detail}", None),
     PYGGML_LACKS: (GGMLVersionError, "{where}: {msg}{detail}", None),
     PYGGML_NO_BACKWARD: (UnsupportedOpError, "{where}: {msg}{detail}", "node"),
+    PYGGML_BAD_FILE: (GGUFError, "{where}: ggml's reader refuses it: {msg}{detail}", None),
 }
 
 
@@ -101,7 +102,7 @@ _STATUS_CODES = {
     "PYGGML_PROOF_TIMEOUT": PYGGML_PROOF_TIMEOUT, "PYGGML_SYSTEM": PYGGML_SYSTEM,
     "PYGGML_COMPUTE_FAILED": PYGGML_COMPUTE_FAILED, "PYGGML_OUT_OF_MEMORY": PYGGML_OUT_OF_MEMORY,
     "PYGGML_CXX_EXCEPTION": PYGGML_CXX_EXCEPTION, "PYGGML_LACKS": PYGGML_LACKS,
-    "PYGGML_NO_BACKWARD": PYGGML_NO_BACKWARD,
+    "PYGGML_NO_BACKWARD": PYGGML_NO_BACKWARD, "PYGGML_BAD_FILE": PYGGML_BAD_FILE,
 }
 
 

@@ -126,6 +126,7 @@ cdef extern from "_compat.h" nogil:
     void ggml_reset(ggml_context * ctx)
     size_t ggml_used_mem(const ggml_context * ctx)
     ggml_tensor * ggml_get_first_tensor(const ggml_context * ctx)
+    ggml_tensor * ggml_get_tensor(ggml_context * ctx, const char * name)
     ggml_tensor * ggml_get_next_tensor(const ggml_context * ctx, ggml_tensor * tensor)
     size_t ggml_tensor_overhead()
     size_t ggml_graph_overhead_custom(size_t size, bint grads)

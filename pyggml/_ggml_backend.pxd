@@ -43,6 +43,7 @@ cdef extern from "_compat.h" nogil:
 
     # buffers
     void ggml_backend_buffer_free(ggml_backend_buffer_t buffer)
+    ggml_backend_buffer_t ggml_backend_cpu_buffer_from_ptr(void * ptr, size_t size)
     void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
     bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)

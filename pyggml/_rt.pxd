@@ -32,6 +32,7 @@ cdef extern from "pyggml_rt.h" nogil:
         PYGGML_CXX_EXCEPTION
         PYGGML_LACKS
         PYGGML_NO_BACKWARD
+        PYGGML_BAD_FILE
         PYGGML_CODE_COUNT
     ctypedef struct pyggml_status:
         int code

@@ -16,6 +16,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     │   └── KernelTimeout                   a proof's child ran past its time: the kernel hangs (or is slow)
     ├── UpstreamDefect (ValueError)         refused for a known ggml defect: .defect is its id
     ├── GGMLVersionError (NotImplementedError)  the linked ggml lacks this op or feature
+    ├── GGUFError (ValueError)              a GGUF file ggml's reader refuses, or whose tensors lie outside it
     ├── UnsupportedOpError (NotImplementedError)  a backend cannot compute this node, or ggml cannot differentiate it
     ├── InUseError (RuntimeError)           close() or re-entry of what a compute, scheduler or optimizer uses
     │   └── GraphBusyError                  another thread computes (or builds) this graph
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "ExportError", "GGMLAbort",
-    "GGMLError", "GGMLTypeError", "GGMLVersionError", "GraphBusyError", "GraphFullError", "InUseError",
+    "GGMLError", "GGMLTypeError", "GGMLVersionError", "GGUFError", "GraphBusyError", "GraphFullError", "InUseError",
     "InternalError", "KernelPreconditionError", "KernelTimeout", "UnsafeForkError", "UnsupportedOpError",
     "UpstreamDefect",
 ]
@@ -110,6 +111,12 @@ class UpstreamDefect(GGMLError, ValueError):
 
 class GGMLVersionError(GGMLError, NotImplementedError):
     """The linked ggml lacks this op or feature (too old, or changed its signature)."""
+
+
+class GGUFError(GGMLError, ValueError):
+    """A GGUF file that ggml's reader refuses (wrong magic, a truncated header, an unknown
+    type, inconsistent offsets: the message quotes what ggml logged), or whose tensor data
+    lies past the end of the file."""
 
 
 class UnsupportedOpError(GGMLError, NotImplementedError):

@@ -4,9 +4,9 @@
 import inspect
 
 import pyggml
-from pyggml import opt
+from pyggml import gguf, opt
 
-MODULES = (pyggml, opt)
+MODULES = (pyggml, opt, gguf)
 
 
 def public(obj) -> list[str]:
@@ -14,10 +14,10 @@ def public(obj) -> list[str]:
 
 
 def module_callables():
-    """(qualified name, object) for every public function and class of pyggml and pyggml.opt;
+    """(qualified name, object) for every public function and class of pyggml, pyggml.opt and pyggml.gguf;
     the exception classes and the IntEnums aside (Python's own protocols)."""
     for mod in MODULES:
-        for n in public(mod):
+        for n in getattr(mod, "__all__", None) or public(mod):
             obj = getattr(mod, n)
             if inspect.ismodule(obj) or not callable(obj):
                 continue

@@ -10,6 +10,7 @@
 
 #include "ggml-backend.h"
 #include "ggml-opt.h"
+#include "gguf.h"
 
 /* what the last wrapper caught on this thread: PYGGML_CXX_* */
 static thread_local int last_exception = PYGGML_CXX_NONE;
@@ -84,6 +85,13 @@ void pyggml_opt_epoch_nothrow(void * arg, const int * abort) {
     if (e->exception == -1) {
         e->exception = last_exception;
     }
+}
+
+struct gguf_context * pyggml_gguf_init_nothrow(const char * path, struct ggml_context ** meta) {
+    return guarded([&] {
+        struct gguf_init_params params = {/*no_alloc =*/ true, /*ctx =*/ meta};
+        return gguf_init_from_file(path, params);
+    }, (struct gguf_context *) NULL);
 }
 
 }  // extern "C"

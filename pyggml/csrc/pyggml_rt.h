@@ -51,6 +51,7 @@ enum pyggml_code {
     PYGGML_CXX_EXCEPTION = 15,  /* ggml's C++ threw another exception */
     PYGGML_LACKS = 16,          /* a node asks what the linked ggml lacks (a mode its ggml.h does not define) */
     PYGGML_NO_BACKWARD = 17,    /* ggml's backward pass has no gradient for this node (or this source of it) */
+    PYGGML_BAD_FILE = 18,       /* ggml's reader refused a file (a GGUF): msg is what ggml logged */
     PYGGML_CODE_COUNT
 };
 typedef struct pyggml_status {
@@ -421,6 +422,18 @@ typedef struct pyggml_epoch {
     int exception;
 } pyggml_epoch;
 PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg, const int * abort);
+
+/* --- GGUF files (gguf_io.c) -----------------------------------------------------------------
+ * ggml's reader (gguf_init_from_file, no_alloc: the metadata and a context of tensor
+ * descriptions, *meta, no data) through the nothrow wrapper, under the abort guard, with
+ * ggml's log lines of the calling thread captured while it reads. Fills st: PYGGML_OK
+ * (*out, *meta set), PYGGML_BAD_FILE (ggml refused the file: msg is what it logged),
+ * PYGGML_ABORTED/PYGGML_CRASHED (it aborted or faulted), PYGGML_OUT_OF_MEMORY or
+ * PYGGML_CXX_EXCEPTION (its C++ threw). Returns st->code. */
+struct gguf_context;
+PYGGML_RT_API struct gguf_context * pyggml_gguf_init_nothrow(const char * path, struct ggml_context ** meta);
+PYGGML_RT_API int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_context ** meta,
+                                   pyggml_status * st);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,73 @@
+/* ggml's GGUF reader, called so that no file ends the process: under the abort guard
+ * (a GGML_ASSERT in the reader becomes an error), through the nothrow wrapper (a
+ * std::bad_alloc for a count the file lies about becomes an error), with ggml's log
+ * captured while it reads (the reason it refuses a file is a GGML_LOG_ERROR line, which
+ * becomes the exception's message). See pyggml_rt.h. */
+#include "pyggml_rt.h"
+#include "gguf.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* one GGUF open at a time: ggml's log callback is process-wide */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static char * capture_buf;
+static size_t capture_cap, capture_len;
+static pthread_t capture_thread;
+
+static void capture_log(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (capture_buf != NULL && pthread_equal(pthread_self(), capture_thread) && level != GGML_LOG_LEVEL_DEBUG) {
+        const size_t n = strlen(text);
+        const size_t room = capture_cap - 1 - capture_len;
+        const size_t take = n < room ? n : room;
+        memcpy(capture_buf + capture_len, text, take);
+        capture_len += take;
+        capture_buf[capture_len] = '\0';
+        return;
+    }
+    fputs(text, stderr);            /* another thread's line: where ggml's default puts it */
+    fflush(stderr);
+}
+
+int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_context ** meta,
+                     pyggml_status * st) {
+    pyggml_guard g;
+    volatile int outcome = 0;       /* 1 read, 0 refused, -1 aborted, -2 C++ threw */
+    char log[PYGGML_MSG_CAP];
+    int exception = PYGGML_CXX_NONE;
+    *out = NULL;
+    *meta = NULL;
+    log[0] = '\0';
+    pyggml_guard_install();
+    pthread_mutex_lock(&open_lock);
+    capture_buf = log;
+    capture_cap = sizeof log;
+    capture_len = 0;
+    capture_thread = pthread_self();
+    ggml_log_set(capture_log, NULL);
+    pyggml_guard_enter(&g);
+    if (setjmp(g.env) == 0) {
+        *out = pyggml_gguf_init_nothrow(path, meta);
+        pyggml_guard_leave(&g);
+        exception = pyggml_cxx_last_exception();
+        outcome = *out != NULL ? 1 : (exception != PYGGML_CXX_NONE ? -2 : 0);
+    } else {
+        outcome = -1;
+    }
+    ggml_log_set(NULL, NULL);       /* ggml's default logger again (pyggml sets no other) */
+    capture_buf = NULL;
+    pthread_mutex_unlock(&open_lock);
+    switch (outcome) {
+    case 1:
+        return pyggml_status_clear(st);
+    case 0:
+        return pyggml_status_set(st, PYGGML_BAD_FILE, 0, NULL, NULL, "%s",
+                                 log[0] ? log : "ggml's reader refused it and logged no reason");
+    case -1:
+        return pyggml_status_from_guard(st, &g);
+    default:
+        return pyggml_status_from_cxx(st, exception);
+    }
+}
