@@ -166,6 +166,21 @@ def ggml_version():
     return c_ggml_version().decode()
 
 
+def tensor_overhead():
+    """tensor_overhead() -> int: the bytes a tensor takes in a context besides its data
+    (``ggml_tensor_overhead``): a ``no_alloc`` context of n tensors needs n times this."""
+    return ggml_tensor_overhead()
+
+
+def graph_overhead(size=DEFAULT_GRAPH_SIZE, grads=False):
+    """graph_overhead(size=DEFAULT_GRAPH_SIZE, grads=False) -> int: the bytes a Graph of
+    ``size`` nodes takes in its context (``ggml_graph_overhead_custom``)."""
+    cdef size_t n = arg_size(size, "size", "graph_overhead")
+    if n == 0 or n > (1 << 30):
+        raise ArgumentError(f"graph_overhead: size must be in [1, 2**30], got {n}")
+    return ggml_graph_overhead_custom(n, arg_bool(grads, "grads", "graph_overhead"))
+
+
 def build_info():
     """build_info() -> dict: how this pyggml was built.
 

