@@ -141,6 +141,7 @@ class Gemma3:
         for t in self.k_cache + self.v_cache:
             t.set(np.zeros(t.shape, np.float32))
         self.allocator = pyggml.GraphAllocator(self.backend)
+        self.compute_s = self.total_s = 0.0     # seconds in ggml's compute, and in forward() overall
 
     def is_global(self, il: int) -> bool:
         return il % 6 == 5                            # Gemma 3: five local layers, then a global one
@@ -158,6 +159,7 @@ class Gemma3:
         logits of the last token (of every token with ``all_logits``) come back. With a dict
         ``nodes``, the named intermediate results (``l3.attn_out``, ...; see ``NODES``) are
         kept (ggml outputs) and copied into it, numpy (tokens, ...) arrays."""
+        t_start = time.perf_counter()
         T = len(tokens)
         if self.pos + T > self.n_ctx:
             raise ValueError(f"the cache holds {self.n_ctx} positions: {self.pos} used, {T} more asked")
@@ -240,12 +242,15 @@ class Gemma3:
         self.allocator.alloc_graph(graph)
         for t, value in inputs.values():
             t.set(value)
+        t0 = time.perf_counter()
         self.backend.graph_compute(graph)
+        self.compute_s += time.perf_counter() - t0
         out = logits.get()
         for name, t in kept.items():
             nodes[name] = t.get()
         self.pos = n_kv
         self.last_graph = (ctx, graph)          # the named nodes stay readable until the next step
+        self.total_s += time.perf_counter() - t_start
         return out
 
 
@@ -333,6 +338,7 @@ def generate(model: Gemma3, tok: Tokenizer, prompt: str, n_tokens: int, out=sys.
     t0 = time.perf_counter()
     logits = model.forward(ids)
     t_prompt = time.perf_counter() - t0
+    model.compute_s = model.total_s = 0.0
     made, t_gen = [], 0.0
     for _ in range(n_tokens):
         nxt = int(np.argmax(logits[-1] if logits.ndim > 1 else logits))
@@ -345,7 +351,8 @@ def generate(model: Gemma3, tok: Tokenizer, prompt: str, n_tokens: int, out=sys.
         logits = model.forward([nxt])
         t_gen += time.perf_counter() - t0
     out.write("\n")
-    return {"prompt_tokens": len(ids), "tokens": made, "prompt_s": t_prompt, "decode_s": t_gen}
+    return {"prompt_tokens": len(ids), "tokens": made, "prompt_s": t_prompt, "decode_s": t_gen,
+            "decode_python_s": model.total_s - model.compute_s}
 
 
 def default_model_path() -> str:
@@ -371,7 +378,8 @@ def main() -> int:
         stats = generate(model, tok, args.prompt, args.tokens)
     n = len(stats["tokens"])
     print(f"[{stats['prompt_tokens']} prompt tokens in {stats['prompt_s']:.2f} s; {n} tokens in "
-          f"{stats['decode_s']:.2f} s, {n / stats['decode_s'] if stats['decode_s'] else 0:.1f} tokens/s]",
+          f"{stats['decode_s']:.2f} s, {n / stats['decode_s'] if stats['decode_s'] else 0:.1f} tokens/s, "
+          f"{stats['decode_python_s'] / max(n, 1) * 1e3:.1f} ms of each in Python (building the graph)]",
           file=sys.stderr)
     return 0
 

@@ -218,3 +218,20 @@ def test_gemma3_270m_node_by_node_against_float64(real_model):
             for k, r in ref.items():
                 errs32[k] = nmse(nodes32[k].astype(np.float64).reshape(r.shape), r)
         assert max(errs32.values()) < 1e-5, max(errs32.items(), key=lambda kv: kv[1])
+
+
+def test_the_benchmark_runs_pyggml_side_and_reports_per_thread_count(tiny, tmp_path):
+    """scripts/bench_gemma3.py on the tiny model without llama.cpp (a smoke run: no speed
+    asserted): greedy tokens per prompt and a speed row per thread count."""
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gemma3.py"), "--model", str(tiny),
+                           "--no-llama", "--threads", "1,2", "--agree", "4", "--decode", "3", "--repeat", "1",
+                           "--prompt-tokens", "8", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+    doc = json.loads(out.read_text())
+    assert [len(r["pyggml"]) for r in doc["agreement"]] == [4] * 4
+    assert [r["threads"] for r in doc["speed"]] == [1, 2]
+    assert all(r["pyggml_pp"] > 0 and r["pyggml_decode"] > 0 for r in doc["speed"])
+    assert "CPU: " in proc.stdout

