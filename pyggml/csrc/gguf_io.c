@@ -1,6 +1,6 @@
 /* ggml's GGUF reader, called so that no file ends the process: under the abort guard
  * (a GGML_ASSERT in the reader becomes an error), through the nothrow wrapper (a
- * std::bad_alloc for a count the file lies about becomes an error), with ggml's log
+ * std::bad_alloc for a count the file lies about becomes a refused file), with ggml's log
  * captured while it reads (the reason it refuses a file is a GGML_LOG_ERROR line, which
  * becomes the exception's message). See pyggml_rt.h. */
 #include "pyggml_rt.h"
@@ -68,6 +68,12 @@ int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_
     case -1:
         return pyggml_status_from_guard(st, &g);
     default:
-        return pyggml_status_from_cxx(st, exception);
+        /* a header whose counts or lengths are absurd makes older readers (0.9.4) allocate
+         * them before checking against the file: the file is what is wrong */
+        return pyggml_status_set(st, PYGGML_BAD_FILE, exception, NULL, NULL,
+                                 "its C++ threw %s while reading it (a count or a length in the file "
+                                 "larger than memory)%s%s",
+                                 exception == PYGGML_CXX_BAD_ALLOC ? "std::bad_alloc" : "an exception",
+                                 log[0] ? "; it logged: " : "", log);
     }
 }

@@ -427,9 +427,9 @@ PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg, const int * abort);
  * ggml's reader (gguf_init_from_file, no_alloc: the metadata and a context of tensor
  * descriptions, *meta, no data) through the nothrow wrapper, under the abort guard, with
  * ggml's log lines of the calling thread captured while it reads. Fills st: PYGGML_OK
- * (*out, *meta set), PYGGML_BAD_FILE (ggml refused the file: msg is what it logged),
- * PYGGML_ABORTED/PYGGML_CRASHED (it aborted or faulted), PYGGML_OUT_OF_MEMORY or
- * PYGGML_CXX_EXCEPTION (its C++ threw). Returns st->code. */
+ * (*out, *meta set), PYGGML_BAD_FILE (ggml refused the file: msg is what it logged; or
+ * its C++ threw, as older readers do for an absurd count in the header),
+ * PYGGML_ABORTED/PYGGML_CRASHED (it aborted or faulted). Returns st->code. */
 struct gguf_context;
 PYGGML_RT_API struct gguf_context * pyggml_gguf_init_nothrow(const char * path, struct ggml_context ** meta);
 PYGGML_RT_API int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_context ** meta,
