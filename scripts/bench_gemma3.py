@@ -113,6 +113,8 @@ def main() -> int:
     ap.add_argument("--agree", type=int, default=64, help="greedy tokens compared per prompt")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-llama", action="store_true", help="pyggml alone (llama-cpp-python not used)")
+    ap.add_argument("--no-explain", action="store_true",
+                    help="skip the float64 reference at the first differing step (seconds per prompt)")
     ap.add_argument("--json")
     args = ap.parse_args()
     path = args.model or str(gemma3.default_model_path())
@@ -146,6 +148,16 @@ def main() -> int:
                 row["logits_nmse_at_step"] = float(np.sum((la[step] - lb[step]) ** 2) / np.sum(lb[step] ** 2))
                 verdict = ("identical" if first is None else
                            f"differ at step {first} ({tok.decode([a[first]])!r} vs {tok.decode([b[first]])!r})")
+                if first is not None and not args.no_explain:
+                    # which is right? the float64 reference over the same weights on the common prefix
+                    ref = gemma3.reference_forward(mine.model, ids + a[:first])["logits"][-1]
+                    gap = {"float64": ref[a[first]] - ref[b[first]], "pyggml": la[first][a[first]] - la[first][b[first]],
+                           "llama.cpp": lb[first][a[first]] - lb[first][b[first]]}
+                    row["logit_gap_at_difference"] = {k: float(v) for k, v in gap.items()}
+                    row["float64_choice"] = int(np.argmax(ref))
+                    verdict += (f": logit({tok.decode([a[first]])!r}) - logit({tok.decode([b[first]])!r}) is "
+                                + ", ".join(f"{v:+.3f} {k}" for k, v in gap.items())
+                                + f"; float64's argmax {tok.decode([int(np.argmax(ref))])!r}")
                 print(f"  {prompt!r}: tokenizers {'agree' if lids == ids else 'DIFFER'}; {verdict}; logits NMSE "
                       f"{row['logits_nmse_at_step']:.1e} at step {step}")
             else:
