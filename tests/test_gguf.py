@@ -316,3 +316,28 @@ def test_the_gemma3_file_loads_zero_copy_and_agrees_with_gguf_py(tmp_path_factor
             start = int(rt.data_offset)
             assert np.array_equal(got.reshape(-1).view(np.uint8), raw[start:start + rt.n_bytes]), rt.name
         assert types == {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"}
+
+
+def test_a_context_built_on_the_weights_holds_the_mapping_after_the_file_closes(sample):
+    """Closing the GGUFFile while another context's graph uses its tensors: that context
+    holds the mapping (docs/ownership.md), so the graph computes the right values, and the
+    mapping goes with that context."""
+    import gc
+    path, tensors = sample
+    f = pg.load(path)
+    ctx = pyggml.Context(1 << 20)
+    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    y = pyggml.mul_mat(ctx, f.tensors["f32"], ctx.from_numpy(x))
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(y)
+    f.close()
+    del f
+    gc.collect()
+    assert _mapped(path) == 1
+    g.compute(1)
+    want = x.astype(np.float64) @ tensors["f32"][0].T.astype(np.float64)
+    assert pyggml.reference.nmse(y.numpy(), want) < 1e-12
+    ctx.close()
+    del g, y
+    gc.collect()
+    assert _mapped(path) == 0
