@@ -61,3 +61,12 @@ cdef extern from "gguf.h" nogil:
 
 cdef extern from "pyggml_rt.h" nogil:
     int pyggml_gguf_open(const char * path, gguf_context ** out, ggml_context ** meta, pyggml_status * st)
+    ctypedef struct pyggml_gguf_kv:
+        const char * key
+        int type
+        int arr_type
+        const void * data
+        const char * const * strs
+        size_t n
+    int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, ggml_tensor * const * tensors,
+                          int64_t n_tensors, const char * path, pyggml_status * st)

@@ -5,6 +5,11 @@ from typing import Any
 
 from pyggml._core import Context, Tensor
 
-__all__ = ["read"]
+__all__ = ["TYPES", "read", "write"]
 
-def read(path: str | bytes | os.PathLike[str]) -> tuple[int, int, int, dict[str, Any], Context, dict[str, Tensor], int]: ...
+TYPES: dict[str, int]
+
+def read(
+    path: str | bytes | os.PathLike[str],
+) -> tuple[int, int, int, dict[str, Any], dict[str, str], Context, dict[str, Tensor], int]: ...
+def write(path: str | bytes | os.PathLike[str], kvs: list[Any], tensors: list[Tensor]) -> None: ...

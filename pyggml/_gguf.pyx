@@ -15,7 +15,8 @@ this process's copy of the page, never the file. The Pythonic object is
 """
 
 cimport cython
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdlib cimport free, malloc
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from posix.mman cimport MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
@@ -30,9 +31,16 @@ import os
 
 import numpy as np
 
-from pyggml.errors import GGUFError, InternalError
+from pyggml.errors import ArgumentError, GGUFError, InternalError
 
-__all__ = ["read"]
+__all__ = ["TYPES", "read", "write"]
+
+# GGUF's value types by name (gguf.h's enum gguf_type): what GGUFFile.types says of each key
+TYPES = {"uint8": GGUF_TYPE_UINT8, "int8": GGUF_TYPE_INT8, "uint16": GGUF_TYPE_UINT16, "int16": GGUF_TYPE_INT16,
+         "uint32": GGUF_TYPE_UINT32, "int32": GGUF_TYPE_INT32, "float32": GGUF_TYPE_FLOAT32, "bool": GGUF_TYPE_BOOL,
+         "string": GGUF_TYPE_STRING, "array": GGUF_TYPE_ARRAY, "uint64": GGUF_TYPE_UINT64, "int64": GGUF_TYPE_INT64,
+         "float64": GGUF_TYPE_FLOAT64}
+_TYPE_NAMES = {v: k for k, v in TYPES.items()}
 
 
 @cython.final
@@ -119,14 +127,25 @@ cdef object _value(gguf_context * g, int64_t i):
                         f"have refused (please report)")
 
 
+cdef str _type_of(gguf_context * g, int64_t i):
+    """A key's GGUF type by name: "uint32", ..., "array[float32]"."""
+    cdef gguf_type t = gguf_get_kv_type(g, i)
+    if t == GGUF_TYPE_ARRAY:
+        return f"array[{_TYPE_NAMES.get(gguf_get_arr_type(g, i), '?')}]"
+    return _TYPE_NAMES.get(t, "?")
+
+
 cdef tuple _describe(gguf_context * g, ggml_context * meta, str where):
-    """(version, alignment, data_offset, metadata, [(name, type, ne, offset, nbytes)])."""
+    """(version, alignment, data_offset, metadata, types, [(name, type, ne, offset, nbytes)])."""
     cdef int64_t i, n_kv = gguf_get_n_kv(g), n_t = gguf_get_n_tensors(g)
     cdef ggml_tensor * t
     cdef const char * name
     metadata = {}
+    types = {}
     for i in range(n_kv):
-        metadata[_text(gguf_get_key(g, i))] = _value(g, i)
+        key = _text(gguf_get_key(g, i))
+        metadata[key] = _value(g, i)
+        types[key] = _type_of(g, i)
     tensors = []
     for i in range(n_t):
         name = gguf_get_tensor_name(g, i)
@@ -139,11 +158,11 @@ cdef tuple _describe(gguf_context * g, ggml_context * meta, str where):
             raise GGUFError(f"{where}: tensor {_text(name)!r}'s name is not UTF-8, as GGUF's strings must be")
         tensors.append((_text(name), <int>gguf_get_tensor_type(g, i), tuple(t.ne[k] for k in range(rank)),
                         gguf_get_tensor_offset(g, i), ggml_nbytes(t)))
-    return gguf_get_version(g), gguf_get_alignment(g), gguf_get_data_offset(g), metadata, tensors
+    return gguf_get_version(g), gguf_get_alignment(g), gguf_get_data_offset(g), metadata, types, tensors
 
 
 def read(path):
-    """read(path) -> (version, alignment, data_offset, metadata, ctx, tensors, file_size)
+    """read(path) -> (version, alignment, data_offset, metadata, types, ctx, tensors, file_size)
 
     ``tensors``: {name: Tensor} in the file's order, zero-copy over a private mapping of
     the file, in ``ctx`` (a no_alloc Context). Raises GGUFError for a file ggml's reader
@@ -163,7 +182,7 @@ def read(path):
             pyggml_gguf_open(c, &g, &meta, &st)
         raise_status(&st, where)
         try:
-            version, alignment, data_offset, metadata, infos = _describe(g, meta, where)
+            version, alignment, data_offset, metadata, types, infos = _describe(g, meta, where)
         finally:
             gguf_free(g)
             ggml_free(meta)
@@ -177,7 +196,7 @@ def read(path):
         tensors = {}
         if infos:
             tensors = _place(fd, file_size, data_offset, infos, ctx)
-        return version, alignment, data_offset, metadata, ctx, tensors, file_size
+        return version, alignment, data_offset, metadata, types, ctx, tensors, file_size
     finally:
         os.close(fd)
 
@@ -210,3 +229,71 @@ cdef dict _place(int fd, size_t file_size, size_t data_offset, list infos, Conte
     m.record(before, (ctx.pool,))
     ctx._add_storage(m.storage(m.buf))
     return tensors
+
+
+def write(path, list kvs, list tensors):
+    """write(path, kvs, tensors): a GGUF file through ggml's writer. ``kvs``: [(key, type,
+    arr_type, value)] checked by pyggml.gguf.save (a scalar's value as its little-endian
+    bytes, a string's and each array string's UTF-8 bytes without NUL, a numeric array's
+    bytes); ``tensors``: Tensors, named, contiguous, with data."""
+    fspath = os.fspath(path)
+    where = f"gguf.save({fspath!r})"
+    cdef bytes cpath = os.fsencode(fspath)
+    cdef Py_ssize_t n_kv = len(kvs), n_t = len(tensors), i, j
+    cdef pyggml_gguf_kv * ckv = <pyggml_gguf_kv *>malloc(max(n_kv, 1) * sizeof(pyggml_gguf_kv))
+    cdef ggml_tensor ** ct = <ggml_tensor **>malloc(max(n_t, 1) * sizeof(ggml_tensor *))
+    cdef const char ** strs
+    cdef list keep = []             # the bytes the C arrays point into
+    cdef list arrays = []           # the string pointer arrays
+    cdef pyggml_status st
+    cdef Tensor t
+    cdef const char * c = cpath
+    if ckv == NULL or ct == NULL:
+        free(ckv)
+        free(ct)
+        raise MemoryError()
+    try:
+        for i, (key, typ, arr_type, value) in enumerate(kvs):
+            k = key.encode("utf-8")
+            keep.append(k)
+            ckv[i].key = PyBytes_AS_STRING(k)
+            ckv[i].type = typ
+            ckv[i].arr_type = arr_type
+            ckv[i].data = NULL
+            ckv[i].strs = NULL
+            ckv[i].n = 0
+            if typ == GGUF_TYPE_ARRAY and arr_type == GGUF_TYPE_STRING:
+                strs = <const char **>malloc(max(len(value), 1) * sizeof(char *))
+                if strs == NULL:
+                    raise MemoryError()
+                arrays.append(<uintptr_t>strs)
+                for j, v in enumerate(value):
+                    keep.append(v)
+                    strs[j] = PyBytes_AS_STRING(v)
+                ckv[i].strs = strs
+                ckv[i].n = len(value)
+            else:
+                keep.append(value)
+                ckv[i].data = PyBytes_AS_STRING(value)
+                if typ == GGUF_TYPE_ARRAY:
+                    ckv[i].n = len(value) // np.dtype(_ARRAY_DTYPES[arr_type]).itemsize
+        for i in range(n_t):
+            t = tensors[i]
+            t._check()                      # its context open
+            if t.ptr.data == NULL:
+                raise ArgumentError(f"{where}: tensor {t.name!r} has no data (allocate it first)")
+            if not ggml_is_contiguous(t.ptr):
+                raise ArgumentError(f"{where}: tensor {t.name!r} is not contiguous (ggml writes a tensor's "
+                                    f"bytes as they lie; pyggml.cont() makes a contiguous copy)")
+            ct[i] = t.ptr
+        with nogil:
+            pyggml_gguf_write(ckv, n_kv, ct, n_t, c, &st)
+        raise_status(&st, where)
+    finally:
+        for a in arrays:
+            free(<void *><uintptr_t>a)
+        free(ckv)
+        free(ct)
+
+
+_ARRAY_DTYPES = {k: v.str for k, v in _DTYPES.items()}

@@ -14,7 +14,7 @@ import pytest
 
 import pyggml
 import pyggml.gguf as pg
-from pyggml.errors import ContextClosedError, GGMLAbort, GGMLTypeError, GGUFError
+from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, GGMLTypeError, GGUFError
 
 gguf = pytest.importorskip("gguf")
 QT = gguf.GGMLQuantizationType
@@ -292,6 +292,80 @@ def test_mutated_files_end_in_a_named_error_or_a_load_never_a_crash(sample, tmp_
     assert sum(outcomes.values()) == 400 and outcomes["GGUFError"] > 100, outcomes
 
 
+# --- writing: ggml's own writer ------------------------------------------------------------
+
+def test_saving_what_was_loaded_writes_the_same_bytes(sample, tmp_path):
+    path, _ = sample
+    with pg.load(path) as f:
+        assert f.types["t.u64"] == "uint64" and f.types["t.strs"] == "array[string]"
+        assert f.types["t.floats"] == "array[float32]" and f.types["general.architecture"] == "string"
+        pg.save(tmp_path / "again.gguf", f.tensors, f.metadata, f.types)
+    assert (tmp_path / "again.gguf").read_bytes() == path.read_bytes()
+
+
+def test_saving_infers_types_and_gguf_py_reads_the_file(tmp_path):
+    meta = {"a": 1, "big": 2 ** 40, "huge": 2 ** 63, "b": 2.5, "c": "s☃", "d": [1, -2], "e": ["x", "y"],
+            "f": np.uint16(7), "g": True, "h": np.arange(3, dtype=np.int8), "i": [0.5, 1]}
+    with pyggml.Context(1 << 20) as ctx:
+        x = ctx.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        x.name = "x"
+        w = named(ctx.from_numpy(pyggml.quantize(pyggml.Type.Q8_0, np.ones((2, 32), np.float32)),
+                                 type=pyggml.Type.Q8_0), "w")
+        pg.save(tmp_path / "s.gguf", {"x": x, "w": w}, meta)
+    with pg.load(tmp_path / "s.gguf") as f:
+        assert f.types == {"a": "int32", "big": "int64", "huge": "uint64", "b": "float32", "c": "string",
+                           "d": "array[int32]", "e": "array[string]", "f": "uint16", "g": "bool",
+                           "h": "array[int8]", "i": "array[float32]"}
+        assert f.metadata["huge"] == 2 ** 63 and f.metadata["c"] == "s☃" and f.metadata["d"].tolist() == [1, -2]
+        assert np.array_equal(f.tensors["x"].numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    r = gguf.GGUFReader(str(tmp_path / "s.gguf"))
+    assert r.fields["c"].contents() == "s☃" and [t.name for t in r.tensors] == ["x", "w"]
+    assert np.array_equal(np.asarray(r.tensors[1].data).reshape(-1),
+                          pyggml.quantize(pyggml.Type.Q8_0, np.ones((2, 32), np.float32)).reshape(-1))
+
+
+@pytest.mark.parametrize("args, cls, match", [
+    (lambda ctx, t: ([t, t], {}), ArgumentError, "two tensors named"),
+    (lambda ctx, t: ({"other": t}, {}), ArgumentError, "is not the tensor's name"),
+    (lambda ctx, t: ([ctx.new_tensor(pyggml.Type.F32, [4])], {}), ArgumentError, "without a name"),
+    (lambda ctx, t: ([t], {"k": 2 ** 64}), GGMLTypeError, "no GGUF type for a int"),
+    (lambda ctx, t: ([t], {"k": object()}), GGMLTypeError, "no GGUF type"),
+    (lambda ctx, t: ([t], {"k": "a\0b"}), ArgumentError, "NUL"),
+    (lambda ctx, t: ([t], {"general.alignment": 24}), ArgumentError, "power of two"),
+    (lambda ctx, t: ([t], {"k": 300}, {"k": "uint8"}), ArgumentError, "300 does not fit uint8"),
+    (lambda ctx, t: ([t], {"k": [1.5]}, {"k": "array[int32]"}), GGMLTypeError, "cannot be written as int32"),
+    (lambda ctx, t: ([t], {"k": 1}, {"k": "complex"}), ArgumentError, "unknown GGUF type"),
+    (lambda ctx, t: ([t], {"k": [[1, 2]]}, {"k": "array[int32]"}), ArgumentError, "one-dimensional"),
+    (lambda ctx, t: ([t], {"": 1}), GGMLTypeError, "non-empty str"),
+    (lambda ctx, t: (t, {}), GGMLTypeError, "sequence or a mapping"),
+    (lambda ctx, t: ([named(pyggml.transpose(ctx, t))], {}), ArgumentError, "not contiguous"),
+])
+def test_saving_refuses_what_ggml_would_abort_on_or_misread(tmp_path, args, cls, match):
+    with pyggml.Context(1 << 20) as ctx:
+        t = named(ctx.from_numpy(np.ones((2, 3), np.float32)))
+        call = args(ctx, t)
+        with pytest.raises(cls, match=match):
+            pg.save(tmp_path / "x.gguf", *call)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def named(t, name="t"):
+    t.name = name
+    return t
+
+
+def test_saving_where_ggml_cannot_write_and_tensors_without_data(tmp_path):
+    with pyggml.Context(1 << 20) as ctx:
+        t = named(ctx.from_numpy(np.ones(4, np.float32)))
+        with pytest.raises(GGUFError, match="failed to open"):
+            pg.save(tmp_path / "no" / "such" / "dir.gguf", [t])
+    with pytest.raises(ContextClosedError):
+        pg.save(tmp_path / "closed.gguf", [t])
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        with pytest.raises(ArgumentError, match="has no data"):
+            pg.save(tmp_path / "nodata.gguf", [named(ctx.new_tensor(pyggml.Type.F32, [4]))])
+
+
 # --- the real model, where its package is installed ----------------------------------------
 
 def test_the_gemma3_file_loads_zero_copy_and_agrees_with_gguf_py(tmp_path_factory):
@@ -316,6 +390,11 @@ def test_the_gemma3_file_loads_zero_copy_and_agrees_with_gguf_py(tmp_path_factor
             start = int(rt.data_offset)
             assert np.array_equal(got.reshape(-1).view(np.uint8), raw[start:start + rt.n_bytes]), rt.name
         assert types == {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"}
+        # ggml's writer gives back the very file (written by llama.cpp's gguf-py)
+        pg.save(tmp_path_factory.mktemp("again") / "gemma3.gguf", f.tensors, f.metadata, f.types)
+    import hashlib
+    again = next(p for p in (tmp_path_factory.getbasetemp()).glob("again*/gemma3.gguf"))
+    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
 
 
 def test_a_context_built_on_the_weights_holds_the_mapping_after_the_file_closes(sample):

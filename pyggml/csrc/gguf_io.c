@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* one GGUF open at a time: ggml's log callback is process-wide */
+/* one GGUF read or write at a time: ggml's log callback is process-wide */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static char * capture_buf;
 static size_t capture_cap, capture_len;
@@ -31,6 +31,50 @@ static void capture_log(enum ggml_log_level level, const char * text, void * use
     fflush(stderr);
 }
 
+static void capture_begin(char * log, size_t cap) {
+    pthread_mutex_lock(&open_lock);
+    log[0] = '\0';
+    capture_buf = log;
+    capture_cap = cap;
+    capture_len = 0;
+    capture_thread = pthread_self();
+    ggml_log_set(capture_log, NULL);
+}
+
+static void capture_end(void) {
+    ggml_log_set(NULL, NULL);       /* ggml's default logger again (pyggml sets no other) */
+    capture_buf = NULL;
+    pthread_mutex_unlock(&open_lock);
+}
+
+int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tensor * const * tensors,
+                      int64_t n_tensors, const char * path, pyggml_status * st) {
+    pyggml_guard g;
+    volatile int rc = 0;
+    char log[PYGGML_MSG_CAP];
+    pyggml_guard_install();
+    capture_begin(log, sizeof log);
+    pyggml_guard_enter(&g);
+    if (setjmp(g.env) == 0) {
+        rc = pyggml_gguf_write_nothrow(kvs, n_kv, tensors, n_tensors, path);
+        pyggml_guard_leave(&g);
+    } else {
+        rc = -2;
+    }
+    capture_end();
+    if (rc == 1) {
+        return pyggml_status_clear(st);
+    }
+    if (rc == -2) {
+        return pyggml_status_from_guard(st, &g);
+    }
+    if (rc == -1) {
+        return pyggml_status_from_cxx(st, pyggml_cxx_last_exception());
+    }
+    return pyggml_status_set(st, PYGGML_BAD_FILE, 0, NULL, NULL, "%s",
+                             log[0] ? log : "ggml's writer failed and logged no reason");
+}
+
 int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_context ** meta,
                      pyggml_status * st) {
     pyggml_guard g;
@@ -39,14 +83,8 @@ int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_
     int exception = PYGGML_CXX_NONE;
     *out = NULL;
     *meta = NULL;
-    log[0] = '\0';
     pyggml_guard_install();
-    pthread_mutex_lock(&open_lock);
-    capture_buf = log;
-    capture_cap = sizeof log;
-    capture_len = 0;
-    capture_thread = pthread_self();
-    ggml_log_set(capture_log, NULL);
+    capture_begin(log, sizeof log);
     pyggml_guard_enter(&g);
     if (setjmp(g.env) == 0) {
         *out = pyggml_gguf_init_nothrow(path, meta);
@@ -56,9 +94,7 @@ int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_
     } else {
         outcome = -1;
     }
-    ggml_log_set(NULL, NULL);       /* ggml's default logger again (pyggml sets no other) */
-    capture_buf = NULL;
-    pthread_mutex_unlock(&open_lock);
+    capture_end();
     switch (outcome) {
     case 1:
         return pyggml_status_clear(st);

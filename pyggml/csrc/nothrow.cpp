@@ -94,4 +94,46 @@ struct gguf_context * pyggml_gguf_init_nothrow(const char * path, struct ggml_co
     }, (struct gguf_context *) NULL);
 }
 
+int pyggml_gguf_write_nothrow(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tensor * const * tensors,
+                              int64_t n_tensors, const char * path) {
+    struct gguf_context * g = NULL;
+    const int ok = guarded([&] {
+        g = gguf_init_empty();
+        for (int64_t i = 0; i < n_kv; i++) {
+            const pyggml_gguf_kv & kv = kvs[i];
+            switch (kv.type) {
+            case GGUF_TYPE_UINT8:   gguf_set_val_u8(g, kv.key, *(const uint8_t *) kv.data); break;
+            case GGUF_TYPE_INT8:    gguf_set_val_i8(g, kv.key, *(const int8_t *) kv.data); break;
+            case GGUF_TYPE_UINT16:  gguf_set_val_u16(g, kv.key, *(const uint16_t *) kv.data); break;
+            case GGUF_TYPE_INT16:   gguf_set_val_i16(g, kv.key, *(const int16_t *) kv.data); break;
+            case GGUF_TYPE_UINT32:  gguf_set_val_u32(g, kv.key, *(const uint32_t *) kv.data); break;
+            case GGUF_TYPE_INT32:   gguf_set_val_i32(g, kv.key, *(const int32_t *) kv.data); break;
+            case GGUF_TYPE_FLOAT32: gguf_set_val_f32(g, kv.key, *(const float *) kv.data); break;
+            case GGUF_TYPE_UINT64:  gguf_set_val_u64(g, kv.key, *(const uint64_t *) kv.data); break;
+            case GGUF_TYPE_INT64:   gguf_set_val_i64(g, kv.key, *(const int64_t *) kv.data); break;
+            case GGUF_TYPE_FLOAT64: gguf_set_val_f64(g, kv.key, *(const double *) kv.data); break;
+            case GGUF_TYPE_BOOL:    gguf_set_val_bool(g, kv.key, *(const uint8_t *) kv.data != 0); break;
+            case GGUF_TYPE_STRING:  gguf_set_val_str(g, kv.key, (const char *) kv.data); break;
+            case GGUF_TYPE_ARRAY:
+                if (kv.arr_type == GGUF_TYPE_STRING) {
+                    gguf_set_arr_str(g, kv.key, (const char **) kv.strs, kv.n);
+                } else {
+                    gguf_set_arr_data(g, kv.key, (enum gguf_type) kv.arr_type, kv.data, kv.n);
+                }
+                break;
+            default:
+                return 0;
+            }
+        }
+        for (int64_t i = 0; i < n_tensors; i++) {
+            gguf_add_tensor(g, tensors[i]);
+        }
+        return gguf_write_to_file(g, path, false) ? 1 : 0;
+    }, -1);
+    if (g != NULL) {
+        gguf_free(g);
+    }
+    return ok;
+}
+
 }  // extern "C"

@@ -435,6 +435,27 @@ PYGGML_RT_API struct gguf_context * pyggml_gguf_init_nothrow(const char * path, 
 PYGGML_RT_API int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_context ** meta,
                                    pyggml_status * st);
 
+/* One key of a GGUF file to write: type a gguf_type; for GGUF_TYPE_ARRAY, arr_type and n
+ * elements at data (or n strings at strs); a scalar's value at data (a string's at str). */
+typedef struct pyggml_gguf_kv {
+    const char * key;
+    int type;
+    int arr_type;
+    const void * data;
+    const char * const * strs;
+    size_t n;
+} pyggml_gguf_kv;
+/* ggml's writer (gguf_init_empty, gguf_set_*, gguf_add_tensor, gguf_write_to_file) through
+ * the nothrow wrapper, under the abort guard, its log captured: the keys in order, then the
+ * tensors (named, contiguous, with data; ggml reads a backend buffer's through
+ * ggml_backend_tensor_get). Fills st: PYGGML_OK, PYGGML_BAD_FILE (ggml could not write:
+ * msg is what it logged), PYGGML_ABORTED/PYGGML_CRASHED, PYGGML_OUT_OF_MEMORY. */
+PYGGML_RT_API int pyggml_gguf_write_nothrow(const pyggml_gguf_kv * kvs, int64_t n_kv,
+                                            struct ggml_tensor * const * tensors, int64_t n_tensors,
+                                            const char * path);
+PYGGML_RT_API int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tensor * const * tensors,
+                                    int64_t n_tensors, const char * path, pyggml_status * st);
+
 #ifdef __cplusplus
 }
 #endif
