@@ -110,6 +110,8 @@ class Tokenizer:
 class Gemma3:
     """Gemma 3 over a GGUF file's tensors, with a KV cache of ``n_ctx`` positions."""
 
+    SPAN = 256          # decoding attends over the cache in spans of this many positions
+
     def __init__(self, f: pyggml.gguf.GGUFFile, n_ctx: int = 1024, n_threads: int | None = None):
         m, a = f.metadata, f.metadata["general.architecture"]
         if a != "gemma3":
@@ -129,18 +131,21 @@ class Gemma3:
         self.n_ctx = n_ctx
         self.pos = 0
         self.backend = pyggml.Backend("CPU", n_threads)
-        # the cache: K and V of every layer, [head dim, position, kv head], in one CPU buffer
+        # the cache of every layer, in one CPU buffer: K as [head dim, position, kv head], V
+        # transposed, [position, head dim, kv head], so that attention reads both as they lie
         self.cache_ctx = pyggml.Context(2 * self.n_layer * pyggml.tensor_overhead() + 4096, no_alloc=True)
         self.k_cache, self.v_cache = [], []
         for il in range(self.n_layer):
-            for cache, kind in ((self.k_cache, "k"), (self.v_cache, "v")):
-                t = self.cache_ctx.new_tensor(Type.F32, [self.hd, n_ctx, self.n_head_kv])
+            for cache, kind, ne in ((self.k_cache, "k", [self.hd, n_ctx, self.n_head_kv]),
+                                    (self.v_cache, "v", [n_ctx, self.hd, self.n_head_kv])):
+                t = self.cache_ctx.new_tensor(Type.F32, ne)
                 t.name = f"cache_{kind}_l{il}"
                 cache.append(t)
         self.backend.alloc_ctx_tensors(self.cache_ctx)
         for t in self.k_cache + self.v_cache:
             t.set(np.zeros(t.shape, np.float32))
         self.allocator = pyggml.GraphAllocator(self.backend)
+        self.decode_steps = {}                  # one-token graphs by attention span, built and allocated once
         self.compute_s = self.total_s = 0.0     # seconds in ggml's compute, and in forward() overall
 
     def is_global(self, il: int) -> bool:
@@ -157,31 +162,67 @@ class Gemma3:
     def forward(self, tokens: list[int], all_logits: bool = False, nodes: dict | None = None) -> np.ndarray:
         """Run ``tokens`` from position ``self.pos``: their K and V go into the cache, the
         logits of the last token (of every token with ``all_logits``) come back. With a dict
-        ``nodes``, the named intermediate results (``l3.attn_out``, ...; see ``NODES``) are
-        kept (ggml outputs) and copied into it, numpy (tokens, ...) arrays."""
+        ``nodes``, the named intermediate results (``l3.attn_out``, ...) are kept (ggml
+        outputs) and copied into it, numpy (tokens, ...) arrays.
+
+        One token at a time (decoding) runs a graph built and allocated once per span of
+        256 cache positions (those not yet written are masked, as llama.cpp pads its KV
+        view): a step only sets its inputs (the token, its position, where its K and V go,
+        the masks). Other calls build a graph for their tokens over the positions so far."""
         t_start = time.perf_counter()
         T = len(tokens)
         if self.pos + T > self.n_ctx:
             raise ValueError(f"the cache holds {self.n_ctx} positions: {self.pos} used, {T} more asked")
-        n_kv = self.pos + T
+        if T == 1 and not all_logits and nodes is None:
+            span = min(self.n_ctx, (self.pos // self.SPAN + 1) * self.SPAN)
+            if span not in self.decode_steps:
+                self.decode_steps[span] = self._build(1, span, False, None)
+                pyggml.GraphAllocator(self.backend).alloc_graph(self.decode_steps[span][1])
+            step = self.decode_steps[span]
+        else:
+            step = self._build(T, self.pos + T, all_logits, nodes)
+            self.allocator.alloc_graph(step[1])
+        ctx, graph, inputs, logits, kept = step
+        n_kv = inputs["mask_full"].ne[0]
+        positions = np.arange(self.pos, self.pos + T, dtype=np.int64)
+        # V's elements (d, h, t) go to element pos_t + n_ctx * (d + hd * h) of the transposed cache
+        d_h = np.arange(self.hd * self.n_head_kv, dtype=np.int64)
+        values = {"tokens": np.asarray(tokens, np.int32), "pos": positions.astype(np.int32),
+                  "v_rows": (positions[:, None] + self.n_ctx * d_h[None, :]).reshape(-1),
+                  "mask_full": self.mask(T, n_kv, None), "mask_swa": self.mask(T, n_kv, self.window)}
+        for name, t in inputs.items():
+            t.set(values[name])
+        t0 = time.perf_counter()
+        self.backend.graph_compute(graph)
+        self.compute_s += time.perf_counter() - t0
+        out = logits.get()
+        for name, t in kept.items():
+            nodes[name] = t.get()
+        self.pos += T
+        self.last_graph = step                  # the named nodes stay readable until the next step
+        self.total_s += time.perf_counter() - t_start
+        return out
+
+    def _build(self, T: int, n_kv: int, all_logits: bool, nodes: dict | None):
+        """The graph of a step of T tokens whose attention reads cache positions [0, n_kv):
+        (ctx, graph, inputs {name: tensor}, logits, kept {name: tensor})."""
         hd, H, KVH, E = self.hd, self.n_head, self.n_head_kv, self.n_embd
         w = self.w
         ctx = pyggml.Context(64 * self.n_layer * pyggml.tensor_overhead() + pyggml.graph_overhead(8192), no_alloc=True)
         graph = pyggml.Graph(ctx, 8192)
         inputs = {}
 
-        def inp(name, typ, ne, value):
+        def inp(name, typ, ne):
             t = ctx.new_tensor(typ, ne)
             t.name = name
             pyggml.set_input(t)
-            inputs[name] = (t, value)
+            inputs[name] = t
             return t
 
-        ids = inp("tokens", Type.I32, [T], np.asarray(tokens, np.int32))
-        pos = inp("pos", Type.I32, [T], np.arange(self.pos, n_kv, dtype=np.int32))
-        masks = {win: inp(f"mask_{'swa' if win else 'full'}", Type.F32, [n_kv, T], self.mask(T, n_kv, win))
-                 for win in (None, self.window)}
-
+        ids = inp("tokens", Type.I32, [T])
+        pos = inp("pos", Type.I32, [T])            # the positions, and the rows of K's cache they go to
+        v_rows = inp("v_rows", Type.I64, [hd * KVH * T])      # where each element of V goes
+        masks = {None: inp("mask_full", Type.F32, [n_kv, T]), self.window: inp("mask_swa", Type.F32, [n_kv, T])}
         kept = {}
 
         def keep(t, name):
@@ -212,17 +253,18 @@ class Gemma3:
             q = keep(rope(norm(q, p + "attn_q_norm.weight")), f"l{il}.q")
             k = keep(rope(norm(k, p + "attn_k_norm.weight")), f"l{il}.k")
             q = pyggml.scale(ctx, q, 1.0 / math.sqrt(hd))
-            # the new K and V into the cache at positions pos.. (in place: views of the cache)
+            # the new K and V into the cache (set_rows: in place, views of the cache): K's rows
+            # at pos; V, transposed, one element per row of the cache seen as [1, n_ctx * hd * KVH]
             kc, vc = self.k_cache[il], self.v_cache[il]
-            for new, cache in ((k, kc), (v, vc)):
-                dst = pyggml.view_3d(ctx, cache, hd, T, KVH, cache.nb[1], cache.nb[2], self.pos * cache.nb[1])
-                graph.build_forward_expand(pyggml.cpy(ctx, pyggml.permute(ctx, new, 0, 2, 1, 3), dst))
+            k_new = pyggml.cont(ctx, pyggml.permute(ctx, k, 0, 2, 1, 3))                    # [hd, T, KVH]
+            graph.build_forward_expand(pyggml.set_rows(ctx, kc, k_new, pos))
+            v_flat = pyggml.reshape_2d(ctx, vc, 1, self.n_ctx * hd * KVH)
+            graph.build_forward_expand(pyggml.set_rows(ctx, v_flat, pyggml.reshape_2d(ctx, v, 1, hd * KVH * T), v_rows))
             keys = pyggml.view_3d(ctx, kc, hd, n_kv, KVH, kc.nb[1], kc.nb[2], 0)              # [hd, n_kv, KVH]
-            vals = pyggml.view_3d(ctx, vc, hd, n_kv, KVH, vc.nb[1], vc.nb[2], 0)
+            vt = pyggml.view_3d(ctx, vc, n_kv, hd, KVH, vc.nb[1], vc.nb[2], 0)                # [n_kv, hd, KVH]
             qh = pyggml.permute(ctx, q, 0, 2, 1, 3)                                          # [hd, T, H]
             kq = pyggml.mul_mat(ctx, keys, qh)                                               # [n_kv, T, H]
             kq = keep(pyggml.soft_max_ext(ctx, kq, masks[None if glob else self.window], 1.0, 0.0), f"l{il}.probs")
-            vt = pyggml.cont(ctx, pyggml.permute(ctx, vals, 1, 0, 2, 3))                    # [n_kv, hd, KVH]
             o = pyggml.permute(ctx, pyggml.mul_mat(ctx, vt, kq), 0, 2, 1, 3)               # [hd, H, T]
             o = pyggml.reshape_2d(ctx, pyggml.cont(ctx, o), hd * H, T)
             o = keep(norm(pyggml.mul_mat(ctx, w[p + "attn_output.weight"], o), p + "post_attention_norm.weight"),
@@ -239,19 +281,7 @@ class Gemma3:
         x = keep(norm(x, "output_norm.weight"), "out_norm")
         logits = keep(pyggml.mul_mat(ctx, w["token_embd.weight"], x), "logits")      # [vocab, T or 1]
         graph.build_forward_expand(logits)
-        self.allocator.alloc_graph(graph)
-        for t, value in inputs.values():
-            t.set(value)
-        t0 = time.perf_counter()
-        self.backend.graph_compute(graph)
-        self.compute_s += time.perf_counter() - t0
-        out = logits.get()
-        for name, t in kept.items():
-            nodes[name] = t.get()
-        self.pos = n_kv
-        self.last_graph = (ctx, graph)          # the named nodes stay readable until the next step
-        self.total_s += time.perf_counter() - t_start
-        return out
+        return ctx, graph, inputs, logits, kept
 
 
 # --- the float64 reference: the same architecture in NumPy over the dequantized weights -------
@@ -379,7 +409,7 @@ def main() -> int:
     n = len(stats["tokens"])
     print(f"[{stats['prompt_tokens']} prompt tokens in {stats['prompt_s']:.2f} s; {n} tokens in "
           f"{stats['decode_s']:.2f} s, {n / stats['decode_s'] if stats['decode_s'] else 0:.1f} tokens/s, "
-          f"{stats['decode_python_s'] / max(n, 1) * 1e3:.1f} ms of each in Python (building the graph)]",
+          f"{stats['decode_python_s'] / max(n, 1) * 1e3:.1f} ms of each in Python]",
           file=sys.stderr)
     return 0
 

@@ -137,14 +137,17 @@ def test_local_layers_see_only_their_window_and_the_global_one_everything(tiny):
 
 def test_decoding_from_the_cache_gives_the_logits_of_the_whole_prompt(tiny):
     """The prompt's first 4 tokens in one graph, then one token per graph from the KV
-    cache: each step's logits are those of the same position computed all at once."""
+    cache (the reused one-token graphs, here over spans of 4 positions, so that steps cross
+    from one span's graph to the next): each step's logits are those of the same position
+    computed all at once."""
     with pg.load(tiny) as f:
         whole = gemma3.Gemma3(f, n_ctx=32).forward(PROMPT, all_logits=True)
         model = gemma3.Gemma3(f, n_ctx=32)
+        model.SPAN = 4
         steps = [model.forward(PROMPT[:4])]
         for t in PROMPT[4:]:
             steps.append(model.forward([t]))
-        assert model.pos == len(PROMPT)
+        assert model.pos == len(PROMPT) and sorted(model.decode_steps) == [8, 12]
         for i, logits in enumerate(steps):
             assert nmse(logits.reshape(-1).astype(np.float64), whole[3 + i].astype(np.float64)) < 1e-7, i
         with pytest.raises(ValueError, match="the cache holds 32 positions"):
