@@ -19,6 +19,7 @@ import pyggml.gguf as pg
 from pyggml.reference import nmse
 
 gguf = pytest.importorskip("gguf")
+from gguf_files import write_gguf  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
 gemma3 = importlib.util.module_from_spec(spec)
@@ -34,33 +35,31 @@ SCORES = {"ab": -1.0, "bc": -0.5, "\u2581a": -0.2, "\u2581ab": -0.1, "th": -0.3,
 
 def write_tiny_gemma3(path, quantize=False, seed=0):
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    for key, value in [("block_count", LAYERS), ("context_length", 128), ("embedding_length", E),
-                       ("feed_forward_length", FF), ("attention.head_count", H),
-                       ("attention.head_count_kv", KVH), ("attention.key_length", HD),
-                       ("attention.value_length", HD), ("attention.sliding_window", WINDOW)]:
-        w.add_uint32(f"gemma3.{key}", value)
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32("gemma3.rope.freq_base", 1e6)
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", PIECES)
-    w.add_array("tokenizer.ggml.scores", [SCORES.get(p, -10.0) for p in PIECES])
-    w.add_array("tokenizer.ggml.token_type", [3, 3, 3, 2] + [6] * 256 + [1] * (len(PIECES) - 260))
-    w.add_uint32("tokenizer.ggml.bos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
-    w.add_bool("tokenizer.ggml.add_bos_token", True)
-    w.add_bool("tokenizer.ggml.add_space_prefix", False)
+    kv = {f"gemma3.{key}": ("add_uint32", value) for key, value in [
+        ("block_count", LAYERS), ("context_length", 128), ("embedding_length", E), ("feed_forward_length", FF),
+        ("attention.head_count", H), ("attention.head_count_kv", KVH), ("attention.key_length", HD),
+        ("attention.value_length", HD), ("attention.sliding_window", WINDOW)]}
+    kv.update({
+        "gemma3.attention.layer_norm_rms_epsilon": ("add_float32", 1e-6),
+        "gemma3.rope.freq_base": ("add_float32", 1e6),
+        "tokenizer.ggml.model": ("add_string", "llama"),
+        "tokenizer.ggml.tokens": ("add_array", PIECES),
+        "tokenizer.ggml.scores": ("add_array", [SCORES.get(p, -10.0) for p in PIECES]),
+        "tokenizer.ggml.token_type": ("add_array", [3, 3, 3, 2] + [6] * 256 + [1] * (len(PIECES) - 260)),
+        "tokenizer.ggml.bos_token_id": ("add_uint32", 2),
+        "tokenizer.ggml.eos_token_id": ("add_uint32", 1),
+        "tokenizer.ggml.add_bos_token": ("add_bool", True),
+        "tokenizer.ggml.add_space_prefix": ("add_bool", False),
+    })
+    tensors = {}
 
-    def mat(name, shape, q=True):
+    def mat(name, shape):
         a = (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
-        if quantize and q:
-            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, a)
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        tensors[name] = (gguf.quants.quantize(a, q8), q8) if quantize else (a, None)
 
     def normw(name, n):
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+        tensors[name] = ((1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32), None)
 
     mat("token_embd.weight", (len(PIECES), E))
     for il in range(LAYERS):
@@ -79,11 +78,7 @@ def write_tiny_gemma3(path, quantize=False, seed=0):
         mat(p + "ffn_down.weight", (E, FF))
         normw(p + "post_ffw_norm.weight", E)
     normw("output_norm.weight", E)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(path, tensors, kv, arch="gemma3")
 
 
 @pytest.fixture(scope="module")

@@ -17,27 +17,13 @@ import pyggml.gguf as pg
 from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, GGMLTypeError, GGUFError
 
 gguf = pytest.importorskip("gguf")
+from gguf_files import write_gguf as write  # noqa: E402
 QT = gguf.GGMLQuantizationType
 
 
 def raw_view(t):
     """A tensor's zero-copy view: its values, or its blocks' bytes where numpy has no dtype."""
     return t.numpy() if pyggml.Type(int(t.type)).numpy_dtype is not None else t.blocks()
-
-
-def write(path, tensors=None, kv=None, arch="tiny"):
-    """A GGUF file written by gguf-py: ``kv`` {key: (adder name, value)}, ``tensors``
-    {name: (array, raw_dtype or None)}."""
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, (adder, value) in (kv or {}).items():
-        getattr(w, adder)(key, value)
-    for name, (arr, raw) in (tensors or {}).items():
-        w.add_tensor(name, arr, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module")
