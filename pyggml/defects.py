@@ -384,6 +384,19 @@ DEFECTS: tuple[Defect, ...] = (
         ubsan=("alignment:tiled_unpack_src0",),
     ),
     Defect(
+        id="gguf-reader-enum-load",
+        title="ggml's GGUF reader reads a file's type fields into enum variables before checking them "
+              "(undefined in C++ for a value outside the enum)",
+        ops=(),
+        where="gguf.cpp gguf_init_from_reader: gr.read(type) into an enum gguf_type (a key's value type) and "
+              "into the tensor info's enum ggml_type, then the range check; UBSan: 'load of value 167, which is "
+              "not a valid value for type gguf_type' on a mutated file",
+        action="not refused: the reader then refuses the file (GGUFError; tests/test_gguf.py, whose mutated "
+               "files reach it); a sanitized build suppresses this one check in this one function",
+        seen_in=("0.25.3",),
+        ubsan=("enum:gguf_init_from_reader",),
+    ),
+    Defect(
         id="cpy-f16-i32-work",
         title="F16/BF16 -> I32 copies use a work buffer ggml_graph_plan does not reserve",
         ops=("CPY",),

@@ -39,7 +39,8 @@ DEFAULT_TESTS = ["tests/test_ops.py", "tests/test_graph.py", "tests/test_tensor.
                  "tests/test_autodiff.py", "tests/test_flash_attn_back.py", "tests/test_quant.py",
                  "tests/test_reliability.py", "tests/test_rules_arith.py", "tests/test_sanitize.py",
                  "tests/test_opinfo.py", "tests/test_backend.py", "tests/test_backend_multi.py",
-                 "tests/test_attention_blocked.py", "tests/test_backend_reliability.py", "tests/test_stateful.py"]
+                 "tests/test_attention_blocked.py", "tests/test_backend_reliability.py", "tests/test_stateful.py",
+                 "tests/test_gguf.py"]
 
 
 def sh(cmd, **kw):

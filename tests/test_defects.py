@@ -163,7 +163,7 @@ def test_the_sanitized_build_suppresses_exactly_the_recorded_upstream_ub(tmp_pat
     assert want and script.ubsan_suppressions() == want
     for line in want:
         # UBSan's check names; a C identifier, not a wildcard or a file
-        assert re.fullmatch(r"(alignment|shift-base|shift-exponent|signed-integer-overflow):[A-Za-z_]\w*", line)
+        assert re.fullmatch(r"(alignment|shift-base|shift-exponent|signed-integer-overflow|enum):[A-Za-z_]\w*", line)
     lines = script.write_suppressions(tmp_path).read_text().splitlines()
     assert [x for x in lines if not x.startswith("#")] == want
     assert "-fno-sanitize-recover" not in script.FLAGS     # (a fatal check would ignore the suppressions)
