@@ -193,7 +193,7 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable[
             raise ArgumentError(f"gguf.save: two tensors named {name!r} (ggml aborts on a duplicate name)")
         names.add(name)
         tlist.append(t)
-    kvs = []
+    kvs: list[tuple[str, int, int, bytes | list[bytes]]] = []
     for key, value in metadata.items():
         if not isinstance(key, str) or not key:
             raise GGMLTypeError(f"gguf.save: a metadata key must be a non-empty str, not {key!r}")
