@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
-import os
 import sys
 import time
 

@@ -276,7 +276,7 @@ def write(path, list kvs, list tensors):
                 keep.append(value)
                 ckv[i].data = PyBytes_AS_STRING(value)
                 if typ == GGUF_TYPE_ARRAY:
-                    ckv[i].n = len(value) // np.dtype(_ARRAY_DTYPES[arr_type]).itemsize
+                    ckv[i].n = len(value) // _DTYPES[arr_type].itemsize
         for i in range(n_t):
             t = tensors[i]
             t._check()                      # its context open
@@ -295,5 +295,3 @@ def write(path, list kvs, list tensors):
         free(ckv)
         free(ct)
 
-
-_ARRAY_DTYPES = {k: v.str for k, v in _DTYPES.items()}

@@ -97,9 +97,10 @@ def _infer(key: str, value: Any) -> str:
     """The GGUF type a value is written as when ``types`` does not say."""
     if isinstance(value, (bool, np.bool_)):
         return "bool"
-    if isinstance(value, np.generic):
-        if value.dtype.newbyteorder("<") in _BY_DTYPE or value.dtype in _BY_DTYPE:
-            return _BY_DTYPE.get(value.dtype, _BY_DTYPE.get(value.dtype.newbyteorder("<"), ""))
+    if isinstance(value, (np.generic, np.ndarray)):
+        elem = _BY_DTYPE.get(value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype)
+        if elem is not None:
+            return elem if isinstance(value, np.generic) else f"array[{elem}]"
     elif isinstance(value, int):
         if -2 ** 31 <= value < 2 ** 31:
             return "int32"
@@ -109,10 +110,6 @@ def _infer(key: str, value: Any) -> str:
         return "float32"
     elif isinstance(value, (str, bytes)):
         return "string"
-    elif isinstance(value, np.ndarray):
-        elem = _BY_DTYPE.get(value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype)
-        if elem is not None:
-            return f"array[{elem}]"
     elif isinstance(value, (list, tuple)):
         if all(isinstance(v, (str, bytes)) for v in value) and value:
             return "array[string]"

