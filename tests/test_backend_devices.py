@@ -267,11 +267,15 @@ class _AsDeviceMemory:
 
 def test_the_sweep_reads_device_memory_as_it_reads_host_memory():
     """Every registry op and type (one sample each): the result read out of 'device memory'
-    has the bits the host path reads from the same kernels (views included)."""
+    has the bits the host path reads from the same kernels (views included). Where they
+    differ and the host path itself gives other bits a second time, the kernel reads memory it
+    did not write (0.9.4's RWKV_WKV7: garbage of 1e36 that changes from run to run): that op is
+    left out here, and on the pinned release none may be."""
     from pyggml.opinfo import harness, registry
     from pyggml.parity.subjects import sample_seed
     cpu, dev = pyggml.Backend("CPU"), _AsDeviceMemory()
     n = tried = 0
+    unrepeatable = []
     for op, info in registry().items():
         for t in info.types:
             for s in list(info.samples(np.random.default_rng(sample_seed(op, t.name, 0)), t))[:1]:
@@ -284,6 +288,12 @@ def test_the_sweep_reads_device_memory_as_it_reads_host_memory():
                     continue                      # refused on the host path too
                 got = harness.compute_on_backend(info, s, dev)
                 assert got.shape == want.shape and got.dtype == want.dtype, (op, t, s.name)
+                if not np.array_equal(got, want, equal_nan=True) and not np.array_equal(
+                        harness.compute_on_backend(info, s, cpu), want, equal_nan=True):
+                    unrepeatable.append(f"{op} {t.name}")
+                    continue
                 np.testing.assert_array_equal(got, want, err_msg=f"{op} {t.name} {s.name}")
                 n += 1
     assert n > 0.8 * tried and n > 500            # 0.9.4 computes 673 of its samples here
+    pinned = pyggml.build_info()["kernels"]["pinned_release"]
+    assert len(unrepeatable) <= 3 and (not unrepeatable or pyggml.ggml_version() != pinned), unrepeatable
