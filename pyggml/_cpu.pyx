@@ -396,15 +396,21 @@ cdef int _async_cleanup(_Async * st) except -1:
     return 0
 
 
+cdef void _async_cleanup_unraisable(_Async * st) noexcept with gil:
+    try:
+        _async_cleanup(st)
+    except BaseException as e:
+        PyErr_WriteUnraisable(e)
+
+
 cdef void _async_done(void * p, int cleanup) noexcept nogil:
-    """On the worker, after the compute: clean up if the caller gave up waiting."""
+    """On the worker, after the compute: clean up if the caller gave up waiting. Without
+    the clean-up it takes no GIL (pyggml_async_start may be waiting for it with the GIL
+    held), hence the GIL-taking part in a function of its own: Cython takes the GIL on
+    the way out of a function that has a Python variable."""
     cdef _Async * st = <_Async *>p
     if cleanup:
-        with gil:
-            try:
-                _async_cleanup(st)
-            except BaseException as e:
-                PyErr_WriteUnraisable(e)
+        _async_cleanup_unraisable(st)
     _async_release(st)
 
 

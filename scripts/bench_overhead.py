@@ -173,10 +173,10 @@ def run(python: str, code: str, n_small: int, n_large: int, rounds: int) -> dict
 
 def build_c(tmp: str) -> str | None:
     """The C program, against the libggml pyggml uses; None without a compiler or headers."""
-    import pyggml
+    import pyggml._core
 
     cc = shutil.which("cc") or shutil.which("gcc")
-    libdir = os.path.dirname(pyggml.__file__)
+    libdir = os.path.dirname(pyggml._core.__file__)     # the compiled modules' folder (editable installs too)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     include = os.path.join(here, "vendor", "ggml", "include")
     if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \

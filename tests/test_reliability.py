@@ -195,6 +195,57 @@ def test_fork_after_a_multithreaded_compute():
     assert pooled == ("[128.0, 128.0, 128.0, 'refused']" if openmp else "[128.0, 128.0, 128.0, 128.0]")
 
 
+def test_computes_reuse_one_worker_and_its_thread_team():
+    """A compute of a graph that is not tiny runs on a worker thread (so Ctrl-C reaches the
+    caller), and that worker stays for the next compute: with OpenMP, the thread that
+    starts a parallel region is its team's master, and with a new worker per compute a
+    2-thread product ran 3.5x slower than from a thread that stays
+    (scripts/bench_threads.py). The process's threads after the first compute are its
+    threads after the twentieth; computes from two Python threads at once make a second
+    worker, and it stays too."""
+    out = run_isolated("""
+        import os, threading, numpy as np, pyggml
+        def tids(leave=()):
+            return sorted(set(os.listdir("/proc/self/task")) - set(leave))
+        with pyggml.Context(64 << 20) as ctx:
+            # 1M elements and more: a worker's (the calling thread computes smaller graphs)
+            a = ctx.from_numpy(np.ones((1024, 1024), np.float32))
+            x = ctx.from_numpy(np.ones((8, 1024), np.float32))
+            g = pyggml.Graph(ctx)
+            g.build_forward_expand(pyggml.mul_mat(ctx, a, x))
+            h = pyggml.Graph(ctx)
+            h.build_forward_expand(pyggml.mul_mat(ctx, a, pyggml.scale(ctx, x, 2.0)))
+            before = tids()
+            g.compute(2)
+            first = tids()
+            for _ in range(20):
+                g.compute(2)
+            print(len(before), len(first), first == tids())
+            go = threading.Barrier(2)
+            def other():
+                go.wait()
+                for _ in range(10):
+                    h.compute(2)
+            t = threading.Thread(target=other)
+            t.start()
+            go.wait()
+            for _ in range(10):
+                g.compute(2)
+            t.join()
+            both = tids([str(t.native_id)])
+            for _ in range(10):
+                g.compute(2)
+                h.compute(2)
+            print(both == tids([str(t.native_id)]), len(both) - len(first))
+    """)
+    first, second = out.strip().splitlines()
+    n_before, n_first, same = first.split()
+    # the worker, and with OpenMP its team's second thread
+    extra = 2 if pyggml.build_info()["openmp"] else 1
+    assert (int(n_first) - int(n_before), same) == (extra, "True"), out
+    assert second == f"True {extra}", out
+
+
 @pytest.mark.parametrize("phase", ["compute", "proof"])
 def test_ctrl_c_interrupts_a_long_compute_or_proof_promptly(phase):
     """Ctrl-C reaches the caller within a wait slice: during a compute (ggml then stops after

@@ -268,8 +268,41 @@ int pyggml_async_drain(int timeout_ms) {
     return left;
 }
 
-static void * async_main(void * p) {
-    pyggml_async * a = p;
+/* The workers stay: one that finished its job parks (at most MAX_PARKED of them) and takes
+ * the next job. The thread that starts an OpenMP parallel region is its team's master, and
+ * libgomp's team is fast only for a master that stays: with a new worker per compute, a
+ * 2048x2048x64 F32 product on 2 threads took 19 ms, from a thread that stays 5.5 ms
+ * (scripts/bench_threads.py has both). A worker whose caller waited to the end is
+ * "finishing" from just before its caller sees done until it parks (steps that take no
+ * GIL), and pyggml_async_start waits for it rather than start another: back-to-back
+ * computes then run on one worker and its team. */
+#define MAX_PARKED 4
+
+typedef struct worker {
+    pthread_cond_t cv;
+    pyggml_async * job;     /* the next job, handed over by pyggml_async_start */
+} worker;
+
+static pthread_mutex_t park_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;   /* a worker parked or left */
+static worker * parked[MAX_PARKED];
+static int n_parked;
+static int n_finishing;
+static pthread_once_t park_once = PTHREAD_ONCE_INIT;
+
+/* fork: the child has none of the parent's workers (only the forking thread) */
+static void park_prepare(void) { pthread_mutex_lock(&park_mu); }
+static void park_parent(void) { pthread_mutex_unlock(&park_mu); }
+static void park_child(void) {
+    n_parked = 0;
+    n_finishing = 0;
+    pthread_mutex_init(&park_mu, NULL);
+    pthread_cond_init(&park_cv, NULL);
+}
+static void park_install(void) { pthread_atfork(park_prepare, park_parent, park_child); }
+
+/* run a's job and tell its caller; returns whether this worker is finishing (see above) */
+static int async_run(pyggml_async * a) {
     pyggml_status result;
     pyggml_status_clear(&result);
     if (a->task != NULL) {
@@ -293,6 +326,13 @@ static void * async_main(void * p) {
     const int handed_over = pyggml_async_handoff(a);
     void (*on_done)(void *, int) = a->on_done;
     void * on_done_arg = a->on_done_arg;
+    if (!handed_over) {
+        /* on_done(..., 0) takes no GIL: a start that waits for this worker with the GIL
+         * held waits for steps that do not need it */
+        pthread_mutex_lock(&park_mu);
+        n_finishing++;
+        pthread_mutex_unlock(&park_mu);
+    }
     pthread_mutex_lock(&a->mu);
     a->result = result;
     a->done = 1;
@@ -302,21 +342,61 @@ static void * async_main(void * p) {
         on_done(on_done_arg, handed_over);  /* handed over: the caller gave up waiting */
     }
     live_add(-1);                           /* nothing of Python's left to run here */
+    return !handed_over;
+}
+
+static void * worker_main(void * p) {
+    pyggml_async * a = p;
+    worker self;
+    pthread_cond_init(&self.cv, NULL);
+    for (;;) {
+        const int finishing = async_run(a);
+        pthread_mutex_lock(&park_mu);
+        n_finishing -= finishing;
+        if (n_parked == MAX_PARKED) {
+            pthread_cond_broadcast(&park_cv);
+            pthread_mutex_unlock(&park_mu);
+            break;
+        }
+        self.job = NULL;
+        parked[n_parked++] = &self;
+        pthread_cond_broadcast(&park_cv);
+        while (self.job == NULL) {
+            pthread_cond_wait(&self.cv, &park_mu);
+        }
+        a = self.job;
+        pthread_mutex_unlock(&park_mu);
+    }
+    pthread_cond_destroy(&self.cv);
     return NULL;
 }
 
 int pyggml_async_start(pyggml_async * a) {
-    pthread_attr_t attr;
     a->done = 0;
     a->abort = 0;
     a->handoff = 0;
     pyggml_status_clear(&a->result);
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
+    pthread_once(&park_once, park_install);
+    live_add(1);
+    pthread_mutex_lock(&park_mu);
+    while (n_parked == 0 && n_finishing > 0) {
+        pthread_cond_wait(&park_cv, &park_mu);
+    }
+    if (n_parked > 0) {
+        worker * w = parked[--n_parked];
+        w->job = a;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&park_mu);
+        return 0;
+    }
+    pthread_mutex_unlock(&park_mu);
+    pthread_attr_t attr;
+    pthread_t thread;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    live_add(1);
-    int rc = pthread_create(&a->thread, &attr, async_main, a);
+    int rc = pthread_create(&thread, &attr, worker_main, a);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
         live_add(-1);

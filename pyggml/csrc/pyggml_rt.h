@@ -137,7 +137,8 @@ PYGGML_RT_API int pyggml_type_has_cpu_from_float(int type);
 
 /* --- computing on a worker thread ----------------------------------------------------------
  * So that a caller waiting for a long compute can return at once on Ctrl-C: the compute
- * runs on a detached thread; the caller waits in slices (pyggml_async_wait) and checks
+ * runs on a worker thread (one that stays: it parks after a job and takes the next, so
+ * that an OpenMP compute finds the thread team it made last time); the caller waits in slices (pyggml_async_wait) and checks
  * for signals between them; pyggml_async_abort makes ggml stop after the current node
  * (the plan's abort callback). The clean-up (pyggml: the graph's busy flag, the
  * threadpool, the memory) is done once, by whichever of the two calls
@@ -168,7 +169,6 @@ typedef struct pyggml_async {
     int handoff;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    pthread_t thread;
 } pyggml_async;
 
 PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an errno value */
