@@ -583,6 +583,28 @@ def test_the_attention_benchmark_measures_every_kernel_side_by_side(tmp_path):
     assert f"CPU: {cpu_model()}" in proc.stdout and "FMA peak measured" in proc.stdout
 
 
+def test_the_threads_benchmark_compares_every_system_on_1_and_2_threads(tmp_path):
+    """A smoke run of scripts/bench_threads.py (no timing asserted): both graphs, every
+    system (the C ones where a compiler and the vendored headers are here), each on 1 and
+    2 threads, with the gain computed from the same run."""
+    out = tmp_path / "threads.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_threads.py"), "--repeat", "7",
+                           "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    has_c = "C figures skipped" not in proc.stdout
+    systems = (["C, thread that stays", "C, new thread per compute"] if has_c else []) + \
+        ["pyggml Graph.compute", "pyggml Backend"]
+    assert sorted(doc) == sorted(f"{g}/{s}" for g in ("matmul", "decode") for s in systems)
+    for row in doc.values():
+        assert all(row[k] > 0 for k in ("wall_1", "wall_2", "cpu_1", "cpu_2"))
+    gains = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("C,", "pyggml "))
+             and ln.rstrip().endswith("x") and "/" not in ln]
+    assert len(gains) == len(doc)
+    assert f"CPU: {cpu_model()}" in proc.stdout
+
+
 def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):
     """A smoke run of scripts/bench_matmul_builds.py --dry-run, this interpreter as both
     builds: every weight type timed in each, the ratio printed, the llamafile flag read."""
