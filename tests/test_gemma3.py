@@ -4,7 +4,7 @@ A tiny Gemma 3 written by gguf-py with random weights (7 layers: local ones and 
 one, a sliding window shorter than the prompt, grouped attention) runs always; the real
 Gemma 3 270M where its package is installed (PYGGML_REQUIRE_MODEL=1 makes it required)."""
 
-import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -20,9 +20,9 @@ from pyggml.reference import nmse
 gguf = pytest.importorskip("gguf")
 from gguf_files import real_model_path, write_gguf  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("gemma3_example", ROOT / "examples" / "gemma3.py")
-gemma3 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gemma3)
+from pyggml.models import gemma3  # noqa: E402
+from pyggml.parity import cli as parity_cli  # noqa: E402
+from pyggml.parity.models import TOL_CONVERTED, TOL_F32, compare_nodes  # noqa: E402
 
 E, H, KVH, HD, FF, LAYERS, WINDOW = 64, 4, 1, 16, 96, 7, 3
 PIECES = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + [
@@ -94,12 +94,9 @@ PROMPT = [2, 270, 265, 261, 266, 264, 263, 261, 262]      # 9 tokens: the window
 
 
 def compare(model, tokens):
-    """{node: NMSE} of pyggml's graph against the float64 reference, all tokens at once."""
-    nodes = {}
-    model.forward(tokens, all_logits=True, nodes=nodes)
-    ref = gemma3.reference_forward(model, tokens)
-    assert set(nodes) == set(ref)
-    return {k: nmse(nodes[k].astype(np.float64).reshape(r.shape), r) for k, r in ref.items()}, nodes, ref
+    """({node: NMSE}, nodes, reference) of pyggml's graph against the float64 reference,
+    all tokens at once (what pyggml parity --model computes)."""
+    return compare_nodes(gemma3, model, tokens)
 
 
 def test_every_node_matches_float64_with_f32_weights(tiny):
@@ -181,6 +178,75 @@ def test_the_example_runs_from_the_command_line(tiny):
     assert proc.stdout.startswith("ab") and "prompt tokens" in proc.stderr
 
 
+# --- pyggml parity --model ----------------------------------------------------------------
+
+def parity_model(*argv):
+    """pyggml parity --model ... in this process: (exit status, stdout)."""
+    import argparse
+    import contextlib
+    import io
+    ap = argparse.ArgumentParser()
+    parity_cli.add_arguments(ap)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = parity_cli.main(ap.parse_args(list(argv)), ap)
+    return rc, out.getvalue()
+
+
+@pytest.mark.parametrize("which", ["f32", "q8"])
+def test_parity_model_checks_every_node_against_float64(which, tiny, tiny_q8, tmp_path):
+    """pyggml parity --model on the tiny model: one row per named node, worst first, within
+    the tolerance of its weights' class (F32: float32 rounding; Q8_0: 8-bit activations)."""
+    path, tol = (tiny, TOL_F32) if which == "f32" else (tiny_q8, TOL_CONVERTED)
+    out = tmp_path / "model.json"
+    proc = subprocess.run([sys.executable, "-m", "pyggml", "parity", "--model", str(path), "--prompt", " the abc",
+                           "--threads", "2", "--json", str(out), "--nodes", "0"],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows, meta = doc["rows"], doc["meta"]
+    assert len(rows) == 2 + 6 * LAYERS + 1 and {r["verdict"] for r in rows} == {"ok"}
+    assert {r["subject"] for r in rows} == {"model:gemma3"} and {r["tol"] for r in rows} == {tol}
+    errs = [r["nmse"] for r in rows]
+    assert errs == sorted(errs, reverse=True) and 0 < errs[0] < tol
+    assert meta["types"] == (["F32"] if which == "f32" else ["F32", "Q8_0"])
+    assert [PIECES[i] for i in meta["tokens"]] == ["<bos>", "\u2581the", "\u2581ab", "c"]
+    assert meta["next_token_agrees"] == meta["positions"] == 4
+    assert f"{len(rows)} nodes: {len(rows)} ok" in proc.stdout and rows[0]["case"] in proc.stdout
+
+
+def test_parity_model_reports_a_node_that_departs_from_float64(tiny, monkeypatch):
+    """A planted error (the reference's l3.ffn_out 1% off) fails that node and only it, and
+    the exit status says so."""
+    real = gemma3.reference_forward
+
+    def planted(model, tokens):
+        out = real(model, tokens)
+        out["l3.ffn_out"] = out["l3.ffn_out"] * 1.01
+        return out
+
+    monkeypatch.setattr(gemma3, "reference_forward", planted)
+    rc, out = parity_model("--model", str(tiny), "--nodes", "3")
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[2].split()[0] == "l3.ffn_out" and lines[2].split()[-1] == "fail"
+    assert f"{2 + 6 * LAYERS + 1} nodes: {2 + 6 * LAYERS} ok, 1 beyond the tolerance" in out
+
+
+def test_parity_model_refuses_what_it_cannot_check(tiny, tmp_path, capsys):
+    other = write_gguf(tmp_path / "llama.gguf", {"w": (np.ones(4, np.float32), None)}, arch="llama")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    assert parity_model("--model", str(other))[0] == 2
+    assert "no pyggml model for the architecture 'llama' (written: gemma3)" in capsys.readouterr().err
+    assert parity_model("--model", str(junk))[0] == 2
+    assert "invalid magic" in capsys.readouterr().err
+    for argv in (["--model", str(tiny), "--op", "add"], ["--model", str(tmp_path / "none.gguf")], ["--prompt", "x"]):
+        with pytest.raises(SystemExit) as info:
+            parity_model(*argv)
+        assert info.value.code == 2
+
+
 # --- the real model ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -226,3 +292,13 @@ def test_the_benchmark_runs_pyggml_side_and_reports_per_thread_count(tiny, tmp_p
     assert [r["threads"] for r in doc["speed"]] == [1, 2]
     assert all(r["pyggml_pp"] > 0 and r["pyggml_decode"] > 0 for r in doc["speed"])
     assert "CPU: " in proc.stdout
+
+
+def test_parity_model_on_gemma3_270m(real_model):
+    """pyggml parity --model on the real model: every named node within the tolerance of
+    quantized weights, the same next token as float64 at every position of the prompt."""
+    rc, out = parity_model("--model", str(real_model), "--nodes", "0")
+    assert rc == 0, out
+    assert "gemma3 (F32, Q4_K, Q5_0, Q6_K, Q8_0), 6 tokens of 'The capital of France is'" in out
+    assert f"{2 + 6 * 18 + 1} nodes: {2 + 6 * 18 + 1} ok, 0 beyond the tolerance; next token as float64's at " \
+           "6 of 6 positions" in out

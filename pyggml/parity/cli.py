@@ -1,5 +1,6 @@
 """``pyggml parity``: sweep ops (and attention gradients) along independent paths and
-compare them; ``pyggml parity diff A B``: compare two saved sweeps."""
+compare them; ``pyggml parity --model PATH``: every named node of a GGUF model's graph
+against float64; ``pyggml parity diff A B``: compare two saved sweeps."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     ap.add_argument("--save", metavar="F.npz", help="save every output, for pyggml parity diff")
     ap.add_argument("--list", action="store_true", help="list the subjects and their paths, then exit")
+    ap.add_argument("--model", metavar="PATH",
+                    help="instead of the ops: a GGUF model of an architecture in pyggml.models, every named node "
+                         "of pyggml's graph against float64 over the dequantized weights")
+    ap.add_argument("--prompt", default=None, help="--model: the text to run (default: 'The capital of France is')")
+    ap.add_argument("--nodes", type=int, default=10, help="--model: the worst nodes printed (0: all; default 10)")
     ap.add_argument("--verbose", action="store_true", help="print every row, not only the summary")
 
 
@@ -123,6 +129,10 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     try:
         if getattr(args, "parity_cmd", None) == "diff":
             return _diff(args, ap)
+        if args.model is not None:
+            return _model(args, ap)
+        if args.prompt is not None:
+            ap.error("--prompt goes with --model")
         return _sweep(args, ap)
     except KeyboardInterrupt:            # before the sweep, or a second Ctrl-C while writing
         _say("interrupted")
@@ -238,6 +248,53 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if failed:
         return 2
     return 1 if any(r.verdict in BAD for r in rows) else 0
+
+
+def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """pyggml parity --model PATH: one row per named node of the model's graph."""
+    import pyggml
+    from pyggml.errors import GGMLError
+    from pyggml.parity import html, models, report, store
+
+    if args.op or args.types or args.paths or args.quick or args.save or args.list:
+        ap.error("--model checks one model's nodes: --op, --types, --paths, --quick, --save and --list do not apply")
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    if not os.path.exists(args.model):
+        ap.error(f"--model: no such file {args.model}")
+    why = check_outputs(args, (("--json", "json"), ("--junit", "junit"), ("--html", "html")))
+    if why:
+        _say(f"error: {why}")
+        return 2
+    t0 = time.perf_counter()
+    try:
+        rows, meta = models.model_rows(args.model, args.prompt or models.DEFAULT_PROMPT, args.threads)
+    except GGMLError as e:         # not a GGUF, or an architecture pyggml.models has not written
+        _say(f"error: --model {args.model}: {e}")
+        return 2
+    elapsed = time.perf_counter() - t0
+    meta.update(identity=store.build_identity(), seconds=elapsed)
+    print(f"{meta['architecture']} ({', '.join(meta['types'])}), {len(meta['tokens'])} tokens of "
+          f"{meta['prompt']!r}, {args.threads} thread(s): every named node against float64 over the "
+          f"dequantized weights, worst first (tolerance {meta['tolerance']:.0e})")
+    print(models.format_nodes(rows, args.nodes))
+    bad = [r for r in rows if r.verdict != "ok"]
+    print(f"\n{len(rows)} nodes: {len(rows) - len(bad)} ok, {len(bad)} beyond the tolerance; next token as "
+          f"float64's at {meta['next_token_agrees']} of {meta['positions']} positions; ggml "
+          f"{pyggml.ggml_version()}; {elapsed:.1f} s")
+    failed = False
+    for option, path, fn in (("--json", args.json, lambda: report.write_json(rows, args.json, meta)),
+                             ("--junit", args.junit, lambda: report.write_junit(rows, args.junit, elapsed)),
+                             ("--html", args.html, lambda: html.write_html(rows, args.html, meta))):
+        if path:
+            try:
+                fn()
+            except OSError as e:
+                _say(f"error: {option} {path}: {e.strerror or e}")
+                failed = True
+    if failed:
+        return 2
+    return 1 if bad else 0
 
 
 def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
