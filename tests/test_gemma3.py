@@ -27,7 +27,7 @@ from pyggml.parity.models import TOL_CONVERTED, TOL_F32, compare_nodes  # noqa: 
 E, H, KVH, HD, FF, LAYERS, WINDOW = 64, 4, 1, 16, 96, 7, 3
 PIECES = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + [
     "\u2581", "a", "b", "c", "\u2581a", "ab", "bc", "\u2581ab", "\u2581the", "t", "h", "e", "th", "he",
-    "\u2581t", "\u2581th"]
+    "\u2581t", "\u2581th", "\t\t\t", "<start_of_turn>"]     # the last two: user-defined, control
 SCORES = {"ab": -1.0, "bc": -0.5, "\u2581a": -0.2, "\u2581ab": -0.1, "th": -0.3, "he": -0.4,
           "\u2581t": -0.6, "\u2581th": -0.05, "\u2581the": -0.01}
 
@@ -44,7 +44,7 @@ def write_tiny_gemma3(path, quantize=False, seed=0):
         "tokenizer.ggml.model": ("add_string", "llama"),
         "tokenizer.ggml.tokens": ("add_array", PIECES),
         "tokenizer.ggml.scores": ("add_array", [SCORES.get(p, -10.0) for p in PIECES]),
-        "tokenizer.ggml.token_type": ("add_array", [3, 3, 3, 2] + [6] * 256 + [1] * (len(PIECES) - 260)),
+        "tokenizer.ggml.token_type": ("add_array", [3, 3, 3, 2] + [6] * 256 + [1] * (len(PIECES) - 262) + [4, 3]),
         "tokenizer.ggml.bos_token_id": ("add_uint32", 2),
         "tokenizer.ggml.eos_token_id": ("add_uint32", 1),
         "tokenizer.ggml.add_bos_token": ("add_bool", True),
@@ -169,6 +169,14 @@ def test_the_tokenizer_merges_by_score_and_falls_back_to_bytes(tiny):
     assert pieces("abab c") == ["<bos>", "ab", "ab", "\u2581", "c"]
     for text in ["abc", " the abc", "é a", "zz"]:
         assert tok.decode(tok.encode(text)) == text
+    # special tokens, before the merges: user-defined ones always (no pair of tabs is a
+    # piece, so merging alone could not make "\t\t\t"), control ones with special=True, as
+    # llama.cpp's parse_special
+    assert pieces("a\t\t\tb\t") == ["<bos>", "a", "\t\t\t", "b", "<0x09>"]
+    assert pieces("a\t\t\t\tb") == ["<bos>", "a", "\t\t\t", "<0x09>", "b"]
+    assert [PIECES[i] for i in tok.encode("<start_of_turn>ab", special=True)] == ["<bos>", "<start_of_turn>", "ab"]
+    assert pieces("<start_of_turn>ab")[:3] == ["<bos>", "<0x3C>", "<0x73>"]          # its characters
+    assert tok.decode(tok.encode("<start_of_turn>ab\t\t\t", special=True)) == "ab\t\t\t"   # control: nothing
 
 
 def test_the_example_runs_from_the_command_line(tiny):
@@ -291,7 +299,36 @@ def test_the_benchmark_runs_pyggml_side_and_reports_per_thread_count(tiny, tmp_p
     assert [len(r["pyggml"]) for r in doc["agreement"]] == [4] * 4
     assert [r["threads"] for r in doc["speed"]] == [1, 2]
     assert all(r["pyggml_pp"] > 0 and r["pyggml_decode"] > 0 for r in doc["speed"])
+    m = doc["memory"]                # the peak resident memory against the file and the cache
+    assert m["hwm"] > 0 and m["cache"] == 2 * LAYERS * 1024 * HD * KVH * 4 and m["file"] == tiny.stat().st_size
+    assert m["ratio"] == pytest.approx(m["hwm"] / (m["file"] + m["cache"])) and "memory (a fresh" in proc.stdout
     assert "CPU: " in proc.stdout
+
+
+def test_gemma3_270m_tokenizer_splits_special_tokens(real_model):
+    """Gemma 3's chat format: control tokens with special=True, their characters without;
+    its user-defined newline runs always one token; where llama-cpp-python is installed,
+    the same ids as llama.cpp's own tokenizer on texts that exercise all of it."""
+    with pg.load(real_model) as f:
+        tok = gemma3.Tokenizer(f.metadata)
+        chat = "<start_of_turn>user\nHi<end_of_turn>\n"
+        assert [tok.pieces[i] for i in tok.encode(chat, special=True)] == \
+            ["<bos>", "<start_of_turn>", "user", "\n", "Hi", "<end_of_turn>", "\n"]
+        plain = [tok.pieces[i] for i in tok.encode(chat)]
+        assert "<start_of_turn>" not in plain and plain[1:8] == ["<", "start", "_", "of", "_", "turn", ">"]
+        assert [tok.pieces[i] for i in tok.encode("a\n\n\nb")] == ["<bos>", "a", "\n\n\n", "b"]
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            return
+        llm = Llama(model_path=str(real_model), vocab_only=True, verbose=False)
+        texts = [chat + "<start_of_turn>model\n", "a\n\nb", "line1\n\n\n\nline2\t\t\tx", "  two  spaces   three",
+                 "<eos>x<bos>", "<unused12>", "日本語のテキスト 🙂", "", " ", "\n", "x<mask>y", "[multimodal]",
+                 "<start_of_image>img<end_of_image>", "tabs\t\tand" + "\n" * 33 + "end"]
+        for special in (False, True):
+            for text in texts:
+                assert tok.encode(text, special=special) == \
+                    llm.tokenize(text.encode(), add_bos=True, special=special), (text, special)
 
 
 def test_parity_model_on_gemma3_270m(real_model):
