@@ -17,7 +17,9 @@ not the nominal clock times lanes, which misleads where the clock boosts or AVX-
 split in halves), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
 library and the kernel it chose (threadpoolctl, where installed), the ratios to both, the
 extra memory each kernel allocates while it runs (one thread; Linux's peak-RSS counter),
-and the exponent of cost growth in N.
+and the exponent of cost growth in N. With 1 and more threads in ``--threads``, the wall-time
+gain of each thread count over 1 (``--heads 1``: one head, the case the blocked kernel splits
+over key chunks).
 
 Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]``
 """
@@ -44,15 +46,22 @@ from pyggml._machine import cpu_model, usable_cores  # noqa: E402
 KERNELS = ("ggml", "blocked", "blocked+lse", "torch", "float64")
 
 
+def timed_median(fn, repeat):
+    """(median CPU seconds, median wall seconds) of fn() over ``repeat`` runs, after one
+    warm-up run."""
+    fn()
+    cpu, wall = [], []
+    for _ in range(repeat):
+        t0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append(time.process_time() - t0)
+        wall.append(time.perf_counter() - w0)
+    return statistics.median(cpu), statistics.median(wall)
+
+
 def cpu_median(fn, repeat):
     """Median CPU seconds of fn() over ``repeat`` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
+    return timed_median(fn, repeat)[0]
 
 
 def _status_kb(field):
@@ -193,6 +202,8 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--N", default="256,1024,2048,4096")
+    ap.add_argument("--heads", type=int, default=None,
+                    help="query heads (batch 1; default 8 up to N 1024, 4 up to 2048, else 2)")
     ap.add_argument("--reference-max-n", type=int, default=1024, help="the float64 reference up to this N")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     ap.add_argument("--json", help="write the rows and the summary here")
@@ -225,7 +236,7 @@ def main() -> int:
     rows = []
     for D in Ds:
         for N in Ns:
-            H = 8 if N <= 1024 else (4 if N <= 2048 else 2)
+            H = args.heads or (8 if N <= 1024 else (4 if N <= 2048 else 2))
             for masked in (False, True):
                 run = Runner(D, N, H, masked)
                 flops = 10.0 * N * N * D * H * (0.5 if masked else 1.0)
@@ -233,13 +244,14 @@ def main() -> int:
                 if not args.no_memory:
                     mem = {k: extra_memory(run.fn(k, 1)) for k in ("ggml", "blocked")}
                 for threads in threads_list:
-                    cpu = {}
+                    cpu, wall = {}, {}
                     for k in kernels:
                         if k == "float64" and N > args.reference_max_n:
                             continue
-                        cpu[k] = cpu_median(run.fn(k, threads), args.repeat if k != "float64" else 1)
+                        cpu[k], wall[k] = timed_median(run.fn(k, threads), args.repeat if k != "float64" else 1)
                     rate = {k: flops / t / 1e9 for k, t in cpu.items()}
                     row = {"D": D, "N": N, "M": N, "H": H, "masked": masked, "threads": threads, "cpu_s": cpu,
+                           "wall_s": wall,
                            "gflops": rate, "extra_bytes": mem,
                            "blocked_over_ggml": cpu["ggml"] / cpu["blocked"],
                            "blocked_over_torch": cpu["torch"] / cpu["blocked"] if "torch" in cpu else None,
@@ -264,6 +276,18 @@ def main() -> int:
                 ps = {k: growth(rows, k, D, masked, threads) for k in kernels}
                 print(f"  D={D} masked={masked!s:5} threads={threads}: " +
                       ", ".join(f"{k} {p:.2f}" for k, p in ps.items() if p is not None))
+    more = [t for t in threads_list if t > 1]
+    if 1 in threads_list and more:
+        print(f"\nwall-time gain of {', '.join(map(str, more))} threads over 1 (T1 / Tn, medians; "
+              "blocked, blocked+lse, ggml):")
+        for r1 in (r for r in rows if r["threads"] == 1):
+            gains = []
+            for t in more:
+                rn = next(r for r in rows if r["threads"] == t and all(r[k] == r1[k] for k in ("D", "N", "H", "masked")))
+                g = {k: r1["wall_s"][k] / rn["wall_s"][k] for k in ("blocked", "blocked+lse", "ggml")}
+                rn["gain_over_1_thread"] = g
+                gains.append(f"{t} threads " + " ".join(f"{v:.2f}x" for v in g.values()))
+            print(f"  D={r1['D']} N={r1['N']} H={r1['H']} masked={r1['masked']!s:5}: " + "; ".join(gains))
     big = [r for r in rows if r["N"] >= 1024]
     summary = {}
     if big:

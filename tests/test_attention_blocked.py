@@ -112,6 +112,35 @@ def test_bitwise_deterministic_across_runs_and_thread_counts():
                 assert all(np.array_equal(a, b) for a, b in zip(first, again)), (B, H, KVH, n)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("B, H, KVH", [(1, 1, 1), (1, 2, 1), (1, 3, 3), (3, 1, 1)])
+def test_few_heads_split_over_key_chunks_the_same_bits_on_any_thread_count(B, H, KVH, masked):
+    """Fewer than 4 query heads in all (split mode): every head's key blocks are shared by
+    the threads in fixed chunks, each with its own dQ partial, summed in chunk order: exact
+    against float64, the same bits on 1 to 4 threads, with and without saved statistics, and
+    as a graph node (one thread there, the same chunks)."""
+    rng = np.random.default_rng(B * 100 + H * 10 + KVH)
+    q, k, v, d = make(rng, B, H, KVH, 200, 600, 40)          # 10 key blocks: 8 chunks of 1 or 2
+    ref = reference.attention_backward(q, k, v, d, masked=masked)
+    first = pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=1)
+    assert all(reference.nmse(g, r) <= NMSE_MAX for g, r in zip(first, ref))
+    o, lse = forward64(q, k, v, masked, "tile")
+    saved = pyggml.attention_backward(q, k, v, d, masked=masked, lse=lse, o=o, n_threads=1)
+    for n in (2, 3, 4):
+        again = pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=n)
+        assert all(np.array_equal(a, b) for a, b in zip(first, again)), n
+        again = pyggml.attention_backward(q, k, v, d, masked=masked, lse=lse, o=o, n_threads=n)
+        assert all(np.array_equal(a, b) for a, b in zip(saved, again)), n
+    with pyggml.Context(64 << 20) as ctx:
+        tq, tk, tv, td = _tensors(ctx, q, k, v, d)
+        grads = pyggml.attention_backward_node(ctx, tq, tk, tv, td, masked=masked)
+        g = pyggml.Graph(ctx)
+        for t in grads:
+            g.build_forward_expand(t)
+        g.compute(2)
+        assert all(np.array_equal(t.numpy(), w) for t, w in zip(grads, first))
+
+
 def test_every_code_path_agrees_and_the_vector_paths_bit_for_bit():
     rng = np.random.default_rng(3)
     q, k, v, d = make(rng, 2, 4, 2, 33, 65, 17)

@@ -51,12 +51,22 @@
  *       a (b, h) pair; head g=0 writes dK/dV directly, head g>0 writes its contribution to a
  *       shared partial buffer; after the barrier the threads add the partials to dK/dV, split
  *       over rows, in ascending g -- the same additions in the same order as group mode.
+ *     - split mode (B H < PGAB_SPLIT_HEADS query heads in all, whatever the thread count: one
+ *       head cannot be shared by group or head mode): every head is computed by all threads
+ *       together, its row statistics split by query blocks, its key blocks in PGAB_KCHUNKS
+ *       fixed chunks (fewer when there are fewer key blocks), each chunk owned by one thread
+ *       (longest work first onto the least-loaded thread: causal chunks differ in work), with a
+ *       dQ partial of its own; after a barrier dQ = ((partial_0 + partial_1) + ...) in chunk
+ *       order, split by rows.  The chunks depend on the shape only, so one thread computes the
+ *       same partials and sums them the same way.  dK/dV of a key block are its owner's alone.
+ *       Without a barrier (the graph node) one thread does it all, the same way.
  *   Every float operation on a given output element therefore happens in the same order
  *   regardless of the partition: results are bitwise identical for any thread count, with or
  *   without barrier, and from run to run (static partition, no atomics).
  *
  * MEMORY: per thread  (2 D Mp + M Dp) + 3 N Dp + 2 N + 2 Br Bc + 2 Bc Dp floats; plus, only when
- *   head mode is possible, 2 B (H - KVH) M D floats shared.
+ *   head mode is possible, 2 B (H - KVH) M D floats shared; in split mode 2 N + chunks N Dp
+ *   floats shared.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn_blocked.h"
@@ -74,7 +84,15 @@ typedef struct {
     size_t o_kt, o_vt, o_kp, o_qp, o_dop, o_dqp, o_lse, o_dl, o_s, o_dp, o_dk, o_dv;
     size_t per_thread;   /* floats, multiple of 16 */
     size_t partial;      /* floats of the shared head-mode partial buffer (0 if head mode impossible) */
+    int split;           /* split mode (few heads: see THREADING) */
+    i64 chunks;          /* split mode: key chunks, each with a dQ partial of its own */
+    size_t shared;       /* split mode: floats of lse, delta and the dQ partials, shared */
 } pgab_geom;
+
+/* split mode: fewer query heads than this in all (B H), whatever the thread count */
+#define PGAB_SPLIT_HEADS 4
+/* split mode: key chunks per head (fewer where there are fewer key blocks) */
+#define PGAB_KCHUNKS 8
 
 static size_t take(size_t *at, i64 nfloats) {
     const size_t o = *at;
@@ -110,14 +128,17 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->o_dk = take(&at, PGAB_BC * g->Dp);
     g->o_dv = take(&at, PGAB_BC * g->Dp);
     g->per_thread = at;
-    g->partial = head_mode_possible(a, nth) ? (size_t)(2 * a->B * (a->H - a->KVH) * a->M * a->D) : 0;
+    g->split = a->B * a->H < PGAB_SPLIT_HEADS;
+    g->chunks = g->split ? imin(PGAB_KCHUNKS, g->Mp / PGAB_BC) : 0;
+    g->shared = g->split ? (size_t)(2 * rup(g->N, 16) + g->chunks * g->N * g->Dp) : 0;
+    g->partial = !g->split && head_mode_possible(a, nth) ? (size_t)(2 * a->B * (a->H - a->KVH) * a->M * a->D) : 0;
 }
 
 size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads) {
     if (n_threads < 1) n_threads = 1;
     pgab_geom g;
     geom_init(&g, a, n_threads);
-    return (g.per_thread * (size_t)n_threads + rup((i64)g.partial, 16)) * sizeof(float) + 64;
+    return (g.per_thread * (size_t)n_threads + rup((i64)g.partial, 16) + g.shared) * sizeof(float) + 64;
 }
 
 /* ------------------------------------- head pass ------------------------------------------ */
@@ -158,99 +179,207 @@ static inline int cancelled(const pyggml_attn_bwd *a) {
     return a->cancel != NULL && __atomic_load_n(a->cancel, __ATOMIC_RELAXED) != 0;
 }
 
-/* Backward of query head (b, h) against the kv head prepared in tw.  dK/dV of the head are
- * written to dkd/dvd ([M][D]) when add == 0, added to them when add != 0. */
-static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
-                      i64 b, i64 h, float *dkd, float *dvd, int add) {
-    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
-    const i64 off = M - N;
-    const int masked = a->masked;
-    const float scale = a->scale;
-    const i64 bh = b * a->H + h;
-    float *kt = tw + g->o_kt, *vt = tw + g->o_vt, *kp = tw + g->o_kp;
-    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
-    float *lse = tw + g->o_lse, *dl = tw + g->o_dl;
-    float *S = tw + g->o_s, *dP = tw + g->o_dp;
-    float *dka = tw + g->o_dk, *dva = tw + g->o_dv;
-    const ptrdiff_t ld = PGAB_BC;
-
-    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
-    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
-    memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
-
-    /* 1. row statistics */
+/* Row statistics of the query block at i0 (lse_i and delta_i, see 1. above) into lse, dl.
+ * l: Br floats of scratch. */
+static void stats_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, const float *tw,
+                        const float *qp, const float *dop, i64 bh, i64 i0, float *lse, float *dl, float *l) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
+    const i64 br = imin(PGAB_BR, N - i0);
     if (a->lse && a->o) {
         const float *o = a->o + bh * N * D, *dd = a->d + bh * N * D;
-        for (i64 i = 0; i < N; i++) {
+        for (i64 i = i0; i < i0 + br; i++) {
             double s = 0.0;
             for (i64 d = 0; d < D; d++) s += (double)dd[i * D + d] * (double)o[i * D + d];
             dl[i] = (float)s;
             lse[i] = a->lse[bh * N + i];
         }
-    } else {
-        /* lse holds the running max m, dl the running u; l lives in the dK accumulator
-         * buffer (free at this point, >= Br floats). */
-        float *l = dka;
-        for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
-            const i64 br = imin(PGAB_BR, N - i0);
-            for (i64 r = 0; r < br; r++) {
-                lse[i0 + r] = -INFINITY;
-                dl[i0 + r] = 0.0f;
-                l[r] = 0.0f;
+        return;
+    }
+    /* lse holds the running max m, dl the running u, l the running sum */
+    const float *kt = tw + g->o_kt, *vt = tw + g->o_vt;
+    float *S = (float *)tw + g->o_s, *dP = (float *)tw + g->o_dp;
+    for (i64 r = 0; r < br; r++) {
+        lse[i0 + r] = -INFINITY;
+        dl[i0 + r] = 0.0f;
+        l[r] = 0.0f;
+    }
+    const i64 jend = a->masked ? imin(M, off + i0 + br) : M;
+    for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
+        const i64 bc = imin(PGAB_BC, M - j0);
+        const i64 diag = off + i0 - j0;
+        const i64 ncols = rup(nvis_of(br - 1, diag, bc, a->masked), 8);
+        kr->gemm(br, ncols, D, qp + i0 * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, PGAB_BC, 0);
+        kr->gemm(br, ncols, D, dop + i0 * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, PGAB_BC, 0);
+        kr->tile_stats(br, ncols, S, dP, PGAB_BC, diag, bc, a->masked, a->scale, lse + i0, l, dl + i0);
+    }
+    for (i64 r = 0; r < br; r++) {
+        lse[i0 + r] = lse[i0 + r] + logf(l[r]);
+        dl[i0 + r] = dl[i0 + r] / l[r];
+    }
+}
+
+/* The backward sweep of the key block at j0 (2. above): dQ rows accumulated into dqp
+ * (N x Dp), the block's dK/dV rows written to dkd/dvd ([M][D]) when add == 0, added to them
+ * when add != 0. */
+static void key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                      const float *qp, const float *dop, const float *lse, const float *dl, float *dqp, i64 j0,
+                      float *dkd, float *dvd, int add) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
+    const int masked = a->masked;
+    const float *kt = tw + g->o_kt, *vt = tw + g->o_vt, *kp = tw + g->o_kp;
+    float *S = tw + g->o_s, *dP = tw + g->o_dp;
+    float *dka = tw + g->o_dk, *dva = tw + g->o_dv;
+    const ptrdiff_t ld = PGAB_BC;
+    const i64 bc = imin(PGAB_BC, M - j0);
+    memset(dka, 0, (size_t)(bc * Dp) * sizeof(float));
+    memset(dva, 0, (size_t)(bc * Dp) * sizeof(float));
+    const i64 imin_q = masked ? imax(0, j0 - off) : 0; /* first query that sees key j0 */
+    for (i64 i0 = imin_q / PGAB_BR * PGAB_BR; i0 < N; i0 += PGAB_BR) {
+        const i64 br = imin(PGAB_BR, N - i0);
+        const i64 rf = masked ? imax(0, j0 - off - i0) : 0; /* first row seeing any key */
+        const i64 ia = i0 + rf, nr = br - rf;
+        const i64 diag = off + ia - j0;
+        const i64 nmax = nvis_of(nr - 1, diag, bc, masked); /* visible keys of the last row */
+        const i64 ncols = rup(nmax, 8);
+        kr->gemm(nr, ncols, D, qp + ia * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
+        kr->gemm(nr, ncols, D, dop + ia * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
+        kr->tile_bwd(nr, ncols, S, dP, ld, lse + ia, dl + ia, diag, bc, masked, a->scale);
+        kr->gemm(nmax, Dp, nr, S, 1, ld, dop + ia * Dp, Dp, dva, Dp, 1);
+        kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka, Dp, 1);
+        kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
+    }
+    float *dk = dkd + j0 * D, *dv = dvd + j0 * D;
+    for (i64 t = 0; t < bc; t++) {
+        if (add) {
+            for (i64 d = 0; d < D; d++) {
+                dk[t * D + d] += dka[t * Dp + d];
+                dv[t * D + d] += dva[t * Dp + d];
             }
-            const i64 jend = masked ? imin(M, off + i0 + br) : M;
-            if (cancelled(a)) return;
-            for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
-                const i64 bc = imin(PGAB_BC, M - j0);
-                const i64 diag = off + i0 - j0;
-                const i64 ncols = rup(nvis_of(br - 1, diag, bc, masked), 8);
-                kr->gemm(br, ncols, D, qp + i0 * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
-                kr->gemm(br, ncols, D, dop + i0 * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
-                kr->tile_stats(br, ncols, S, dP, ld, diag, bc, masked, scale, lse + i0, l, dl + i0);
-            }
-            for (i64 r = 0; r < br; r++) {
-                lse[i0 + r] = lse[i0 + r] + logf(l[r]);
-                dl[i0 + r] = dl[i0 + r] / l[r];
-            }
+        } else {
+            memcpy(dk + t * D, dka + t * Dp, (size_t)D * sizeof(float));
+            memcpy(dv + t * D, dva + t * Dp, (size_t)D * sizeof(float));
         }
     }
+}
 
-    /* 2. backward sweep: key blocks outer, query blocks inner */
+/* Backward of query head (b, h) against the kv head prepared in tw, on one thread.  dK/dV of
+ * the head are written to dkd/dvd ([M][D]) when add == 0, added to them when add != 0. */
+static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                      i64 b, i64 h, float *dkd, float *dvd, int add) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
+    const i64 bh = b * a->H + h;
+    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
+    float *lse = tw + g->o_lse, *dl = tw + g->o_dl;
+
+    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
+    for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
+        if (cancelled(a)) return;
+        stats_block(a, g, kr, tw, qp, dop, bh, i0, lse, dl, tw + g->o_dk);   /* dK's buffer is free now */
+    }
     for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) {
         if (cancelled(a)) return;
-        const i64 bc = imin(PGAB_BC, M - j0);
-        memset(dka, 0, (size_t)(bc * Dp) * sizeof(float));
-        memset(dva, 0, (size_t)(bc * Dp) * sizeof(float));
-        const i64 imin_q = masked ? imax(0, j0 - off) : 0; /* first query that sees key j0 */
-        for (i64 i0 = imin_q / PGAB_BR * PGAB_BR; i0 < N; i0 += PGAB_BR) {
-            const i64 br = imin(PGAB_BR, N - i0);
-            const i64 rf = masked ? imax(0, j0 - off - i0) : 0; /* first row seeing any key */
-            const i64 ia = i0 + rf, nr = br - rf;
-            const i64 diag = off + ia - j0;
-            const i64 nmax = nvis_of(nr - 1, diag, bc, masked); /* visible keys of the last row */
-            const i64 ncols = rup(nmax, 8);
-            kr->gemm(nr, ncols, D, qp + ia * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
-            kr->gemm(nr, ncols, D, dop + ia * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
-            kr->tile_bwd(nr, ncols, S, dP, ld, lse + ia, dl + ia, diag, bc, masked, scale);
-            kr->gemm(nmax, Dp, nr, S, 1, ld, dop + ia * Dp, Dp, dva, Dp, 1);
-            kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka, Dp, 1);
-            kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
-        }
-        float *dk = dkd + j0 * D, *dv = dvd + j0 * D;
-        for (i64 t = 0; t < bc; t++) {
-            if (add) {
-                for (i64 d = 0; d < D; d++) {
-                    dk[t * D + d] += dka[t * Dp + d];
-                    dv[t * D + d] += dva[t * Dp + d];
-                }
-            } else {
-                memcpy(dk + t * D, dka + t * Dp, (size_t)D * sizeof(float));
-                memcpy(dv + t * D, dva + t * Dp, (size_t)D * sizeof(float));
-            }
-        }
+        key_block(a, g, kr, tw, qp, dop, lse, dl, dqp, j0, dkd, dvd, add);
     }
     float *dq = a->dq + bh * N * D;
     for (i64 i = 0; i < N; i++) memcpy(dq + i * D, dqp + i * Dp, (size_t)D * sizeof(float));
+}
+
+/* ----------------------------------- split mode ------------------------------------------- */
+
+/* Key chunk c of n covers the key blocks [nkb c / n, nkb (c + 1) / n) */
+static i64 chunk_start(const pgab_geom *g, i64 c) {
+    const i64 nkb = g->Mp / PGAB_BC;
+    return nkb * c / g->chunks * PGAB_BC;
+}
+
+/* The chunks thread ith computes: longest-work-first onto the least-loaded thread (work: the
+ * query rows each key block meets), the same list on every thread; the owner of a chunk
+ * changes nothing in the numbers (its dQ partial is summed in chunk order). */
+static int owns_chunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
+    i64 work[PGAB_KCHUNKS], load[64];
+    int order[PGAB_KCHUNKS];
+    const i64 off = g->M - g->N;
+    if (nth > 64) nth = 64;
+    for (i64 c = 0; c < g->chunks; c++) {
+        work[c] = 0;
+        for (i64 j0 = chunk_start(g, c); j0 < chunk_start(g, c + 1); j0 += PGAB_BC)
+            work[c] += a->masked ? g->N - imin(g->N, imax(0, j0 - off)) : g->N;
+        order[c] = (int)c;
+    }
+    for (i64 x = 1; x < g->chunks; x++)      /* insertion sort: work descending, index ascending */
+        for (i64 y = x; y > 0 && work[order[y]] > work[order[y - 1]]; y--) {
+            const int t = order[y];
+            order[y] = order[y - 1];
+            order[y - 1] = t;
+        }
+    for (int t = 0; t < nth; t++) load[t] = 0;
+    for (i64 x = 0; x < g->chunks; x++) {
+        int best = 0;
+        for (int t = 1; t < nth; t++)
+            if (load[t] < load[best]) best = t;
+        load[best] += work[order[x]] + 1;
+        if (order[x] == chunk) return best == ith;
+    }
+    return 0;
+}
+
+static void meet(pyggml_barrier_fn barrier, void *ctx) {
+    if (barrier != NULL) barrier(ctx);
+}
+
+/* Backward of query head (b, h) by all nth threads together (split mode): the row statistics
+ * split by query blocks, the key blocks by chunks, each chunk's dQ in a partial of its own,
+ * then dQ = ((partial_0 + partial_1) + ...) split by rows.  Every thread reaches every
+ * barrier (a cancelled run skips work, never a barrier). */
+static void split_head(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                       float *shared, i64 b, i64 h, float *dkd, float *dvd, int add, int ith, int nth,
+                       pyggml_barrier_fn barrier, void *barrier_ctx) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
+    const i64 bh = b * a->H + h;
+    float *qp = tw + g->o_qp, *dop = tw + g->o_dop;
+    float *lse = shared, *dl = shared + rup(N, 16), *parts = shared + 2 * rup(N, 16);
+    const size_t part = (size_t)(N * Dp);
+
+    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    for (i64 i0 = (i64)ith * PGAB_BR; i0 < N; i0 += (i64)nth * PGAB_BR)
+        if (!cancelled(a)) stats_block(a, g, kr, tw, qp, dop, bh, i0, lse, dl, tw + g->o_dk);
+    meet(barrier, barrier_ctx);
+    for (i64 c = 0; c < g->chunks; c++) {
+        if (!owns_chunk(a, g, c, ith, nth)) continue;
+        float *dqp = parts + (size_t)c * part;
+        memset(dqp, 0, part * sizeof(float));
+        for (i64 j0 = chunk_start(g, c); j0 < imin(chunk_start(g, c + 1), M); j0 += PGAB_BC)
+            if (!cancelled(a)) key_block(a, g, kr, tw, qp, dop, lse, dl, dqp, j0, dkd, dvd, add);
+    }
+    meet(barrier, barrier_ctx);
+    float *dq = a->dq + bh * N * D;
+    for (i64 i = N * ith / nth; i < N * (ith + 1) / nth; i++) {
+        memcpy(dq + i * D, parts + i * Dp, (size_t)D * sizeof(float));
+        for (i64 c = 1; c < g->chunks; c++) {
+            const float *p = parts + (size_t)c * part + i * Dp;
+            for (i64 d = 0; d < D; d++) dq[i * D + d] += p[d];
+        }
+    }
+    meet(barrier, barrier_ctx);              /* the shared buffers are the next head's */
+}
+
+/* split mode: every (batch, kv head) pair and every head of its group in order, each by all
+ * threads together */
+static void run_split(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                      float *shared, int ith, int nth, pyggml_barrier_fn barrier, void *barrier_ctx) {
+    const i64 B = a->B, KVH = a->KVH, G = g->G, M = g->M, D = g->D;
+    for (i64 u = 0; u < B * KVH; u++) {
+        const i64 b = u / KVH, c = u % KVH;
+        prep_kv(a, g, tw, b, c);
+        float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
+        for (i64 gi = 0; gi < G; gi++) {
+            const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
+            split_head(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
+        }
+    }
 }
 
 /* --------------------------------------- driver ------------------------------------------- */
@@ -275,13 +404,17 @@ static void run_groups(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_
 size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a) {
     pgab_geom g;
     geom_init(&g, a, 1);
-    return g.per_thread * sizeof(float) + 64;
+    return (g.per_thread + g.shared) * sizeof(float) + 64;
 }
 
 void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work) {
     pgab_geom g;
     geom_init(&g, a, nth);
     const pgab_kernels kr = pgab_pick_kernels();
+    if (g.split) {                  /* no barrier: one thread takes the heads, the others nothing */
+        if (ith == 0) run_split(a, &g, &kr, (float *)thread_work, (float *)thread_work + g.per_thread, 0, 1, NULL, NULL);
+        return;
+    }
     run_groups(a, &g, &kr, (float *)thread_work, ith, nth);
 }
 
@@ -292,8 +425,15 @@ void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
     const pgab_kernels kr = pgab_pick_kernels();
     float *tw = (float *)work + (size_t)ith * g.per_thread;
     const i64 B = a->B, H = a->H, KVH = a->KVH, G = g.G, M = g.M, D = g.D;
-    const int head_mode = barrier != NULL && head_mode_possible(a, nth);
+    const int head_mode = barrier != NULL && g.partial > 0;
 
+    if (g.split) {
+        if (barrier != NULL || nth == 1)
+            run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, ith, nth, barrier, barrier_ctx);
+        else if (ith == 0)          /* no barrier: thread 0 alone, with the shared buffers */
+            run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, 0, 1, NULL, NULL);
+        return;
+    }
     if (!head_mode) {
         run_groups(a, &g, &kr, tw, ith, nth);
         return;
