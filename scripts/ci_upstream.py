@@ -593,6 +593,14 @@ def main(argv: list[str] | None = None) -> int:
                                                            "tolerance")
     ap.add_argument("--bisect-test", metavar="CMD", help="--bisect: a shell command run in the tree at each "
                                                          "revision instead (exit 0 good, 1-124 bad, 125 skip)")
+    ap.add_argument("--emit-matrix", choices=("specs", "shards"),
+                    help="print a GitHub Actions job matrix (JSON, for fromJSON) and exit: one job per --ggml spec "
+                         "(default: the default specs), or one per shard of the sweep (--shards)")
+    ap.add_argument("--shards", type=int, default=4, help="--emit-matrix shards: how many (default 4)")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                    help="join the --json matrices of jobs that each ran some specs into one (--json, --html) and "
+                         "exit (no spec is run; cross-spec diffs need the specs' outputs in one workdir and are left "
+                         "out)")
     ap.add_argument("--bisect-step", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bisect-src", help=argparse.SUPPRESS)
     ap.add_argument("--bisect-baseline", type=Path, help=argparse.SUPPRESS)
@@ -620,6 +628,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nci_upstream: the first commit where {args.op or 'the test'} changed: {commit}\n  {subject}")
         return 0
     specs = distinct_specs(args.ggml or DEFAULT_SPECS)
+    if args.emit_matrix:
+        print(json.dumps(job_matrix(args.emit_matrix, specs, args.upstream_tests, args.shards)))
+        return 0
+    if args.merge:
+        rows = []
+        for path in args.merge:
+            try:
+                rows.extend(json.loads(path.read_text())["specs"])
+            except (OSError, ValueError, KeyError) as e:
+                ap.error(f"--merge {path}: not a matrix written by --json ({type(e).__name__}: {e})")
+        names = [r["spec"] for r in rows]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            ap.error(f"--merge: {', '.join(twice)} in more than one report")
+        return report(rows, args)
     reuse: dict[str, Path] = {}
     for item in args.reuse:
         name, eq, python = item.partition("=")
@@ -651,6 +674,23 @@ def main(argv: list[str] | None = None) -> int:
               f"in {row['seconds']} s (log: {row['log']})", flush=True)
         rows.append(row)
     diff_specs(rows, args.workdir)
+    return report(rows, args)
+
+
+def job_matrix(kind: str, specs: list[str], upstream_tests: list[str], shards: int) -> dict[str, Any]:
+    """A GitHub Actions matrix: {"include": [{"spec", "name" (an artefact name), "upstream_tests"}]}
+    per spec, or {"shard": [1..N], "of": [N]} for the sweep's shards."""
+    if kind == "shards":
+        if shards < 1:
+            raise SystemExit("ci_upstream: --shards must be >= 1")
+        return {"shard": list(range(1, shards + 1)), "of": [shards]}
+    tests = {normalise_spec(s) for s in upstream_tests}
+    return {"include": [{"spec": s, "name": re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-"),
+                         "upstream_tests": normalise_spec(s) in tests} for s in specs]}
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> int:
+    """Print the matrix of ``rows`` (and write --json / --html); 1 when a spec failed."""
     items = timeline(rows)
     releases = sorted({r["ggml_version"] for r in rows if r.get("built") and r.get("isa") == "native"
                        and not r.get("patched")},

@@ -804,3 +804,52 @@ def test_the_skips_where_a_release_refuses_a_sample_are_counted():
            "tests_summary": "6691 passed, 1178 skipped, 53 xfailed"}
     assert ("pypi:libggml-python==0.9.4: 4 tests skipped where ggml 0.9.4 refuses the sample itself "
             "(6691 passed, 1178 skipped, 53 xfailed)") in report.table([row])
+
+
+# --- the matrix as parallel CI jobs -------------------------------------------------------
+
+WORKFLOW = ROOT / ".github" / "workflows" / "parity-matrix.yml"
+
+
+def test_the_job_matrices_are_the_specs_and_the_shards():
+    specs = ci.job_matrix("specs", ci.distinct_specs(list(ci.DEFAULT_SPECS)), ["vendored"], 4)["include"]
+    assert [j["spec"] for j in specs] == list(ci.DEFAULT_SPECS)
+    names = [j["name"] for j in specs]           # artefact names: no ':', '=', '@', '/'
+    assert len(set(names)) == len(names) and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    assert [j["spec"] for j in specs if j["upstream_tests"]] == ["vendored"]
+    assert ci.job_matrix("shards", [], [], 3) == {"shard": [1, 2, 3], "of": [3]}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ci_upstream.py"), "--emit-matrix", "shards",
+                          "--shards", "2"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == '{"shard": [1, 2], "of": [2]}'
+
+
+def test_the_workflow_validates_and_plans_with_the_script():
+    """.github/workflows/parity-matrix.yml against GitHub's workflow schema (check-jsonschema's
+    vendored copy: no network), and its plan step asks the script for both matrices."""
+    text = WORKFLOW.read_text()
+    assert "scripts/ci_upstream.py --emit-matrix specs" in text and "--emit-matrix shards" in text
+    assert "pyggml parity --shard '${{ matrix.shard }}/${{ matrix.of }}'" in text
+    assert "pyggml parity merge pieces/shard-*.json" in text and "ci_upstream.py --merge pieces/spec-*.json" in text
+    pytest.importorskip("check_jsonschema")
+    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                           str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_merge_joins_the_jobs_matrices(tmp_path):
+    """ci_upstream.py --merge: the specs of several jobs' --json matrices in one report (a
+    failed spec fails it); a spec in two reports is refused."""
+    import json
+    for i, spec in enumerate(("vendored", "pypi:libggml-python==0.9.4")):
+        row = ci.empty_row(spec, tmp_path / f"log{i}.txt")
+        (tmp_path / f"m{i}.json").write_text(json.dumps({"specs": [row], "timeline": []}))
+    script = str(ROOT / "scripts" / "ci_upstream.py")
+    proc = subprocess.run([sys.executable, script, "--merge", str(tmp_path / "m0.json"), str(tmp_path / "m1.json"),
+                           "--json", str(tmp_path / "all.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr          # nothing was built: both specs failed
+    assert "FAILED: vendored, pypi:libggml-python==0.9.4" in proc.stdout
+    assert [r["spec"] for r in json.loads((tmp_path / "all.json").read_text())["specs"]] == \
+        ["vendored", "pypi:libggml-python==0.9.4"]
+    proc = subprocess.run([sys.executable, script, "--merge", str(tmp_path / "m0.json"), str(tmp_path / "m0.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "vendored in more than one report" in proc.stderr

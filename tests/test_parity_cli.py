@@ -378,3 +378,68 @@ def test_the_rows_table_shows_whole_case_names():
             Row("op:add", "add", "short", "F32", 0, 0, "ggml", "reference", 0.0, 0.0, 1e-7, "ok")]
     lines = report.format_rows(rows).splitlines()
     assert long in lines[1] and len(lines[1].split("ggml~reference")[0]) == len(lines[2].split("ggml~reference")[0])
+
+
+# --- sharding a sweep over jobs, and joining the pieces ----------------------------------
+
+SELECTION = ["--op", "add*", "--op", "rope*", "--quick", "--workers", "1"]
+
+
+def _pyggml(*argv, cwd):
+    return subprocess.run([PY, "-m", "pyggml", *argv], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_the_shards_of_a_sweep_merge_into_the_unsharded_sweep_row_for_row(tmp_path):
+    """N jobs with --shard 1/N .. N/N (here separate processes, as a CI matrix runs them)
+    run every case once; pyggml parity merge of their --json reports gives the unsharded
+    sweep's rows, every field equal, and its reports."""
+    full = _pyggml("parity", *SELECTION, "--json", "full.json", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    counts = []
+    for i in (1, 2, 3):
+        proc = _pyggml("parity", *SELECTION, "--shard", f"{i}/3", "--json", f"s{i}.json", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        counts.append(int(re.search(rf"shard {i}/3: (\d+) of the (\d+) cases", proc.stdout).group(1)))
+    whole = json.loads((tmp_path / "full.json").read_text())
+    n_cases = whole["summary"]["cases"]
+    assert sum(counts) == n_cases and min(counts) > 0
+    merged = _pyggml("parity", "merge", "s3.json", "s1.json", "s2.json", "--json", "m.json", "--junit", "m.xml",
+                     "--html", "m.html", cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    doc = json.loads((tmp_path / "m.json").read_text())
+    key = lambda r: (r["subject"], r["type"], r["index"], r["a"], r["b"])  # noqa: E731
+    assert doc["rows"] == sorted(whole["rows"], key=key)
+    assert doc["summary"] == whole["summary"] and doc["meta"]["shards"] == 3
+    assert doc["meta"]["total_cases"] == n_cases and not doc["meta"]["cpu_features_differ"]
+    assert ET.parse(tmp_path / "m.xml").getroot().get("tests") == str(len(doc["rows"]))
+    assert (tmp_path / "m.html").stat().st_size > 1000
+    assert f"3 shards: {whole['summary']['subjects']} subjects, {n_cases} cases" in merged.stdout
+    # pieces that are not the shards of one sweep
+    (tmp_path / "other.json").write_text(json.dumps({**doc, "meta": {**json.loads(
+        (tmp_path / "s2.json").read_text())["meta"], "seed": 7}, "rows": []}))
+    for pieces, message in [(["s1.json", "s3.json"], "shards 2/3 missing"),
+                            (["s1.json", "s1.json", "s2.json", "s3.json"], "shard 1/3 twice"),
+                            (["s1.json", "other.json", "s3.json"], "are not one sweep: seed 7 against 0"),
+                            (["full.json"], "not a shard"),
+                            (["m.xml"], "not a report of pyggml parity --json")]:
+        proc = _pyggml("parity", "merge", *pieces, cwd=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr, (pieces, proc.stderr)
+
+
+def test_a_case_lands_in_the_same_shard_in_every_interpreter():
+    """The shard is the case key's sha256, not Python's salted hash(): two interpreters with
+    other hash seeds put every case in the same shard."""
+    code = ("from pyggml.parity import runner; "
+            "print([runner.shard_of(c, 5) for c in runner.select(['add*', 'rope*'], quick=True)])")
+    outs = {subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd="/",
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
+    shards = json.loads(outs.pop())
+    assert set(shards) == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("spec", ["0/3", "4/3", "1/0", "x/2", "2", "1/2/3"])
+def test_a_bad_shard_is_refused_before_anything_runs(spec, capsys):
+    with pytest.raises(SystemExit) as info:
+        pyggml_main(["parity", "--op", "add", "--shard", spec])
+    assert info.value.code == 2 and "--shard" in capsys.readouterr().err

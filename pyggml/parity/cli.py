@@ -1,6 +1,7 @@
 """``pyggml parity``: sweep ops (and attention gradients) along independent paths and
 compare them; ``pyggml parity --model PATH``: every named node of a GGUF model's graph
-against float64; ``pyggml parity diff A B``: compare two saved sweeps."""
+against float64; ``pyggml parity diff A B``: compare two saved sweeps; ``pyggml parity
+merge PIECE...``: the report of a sweep run in shards (``--shard I/N``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    help="NMSE beyond which A and B disagree on a case A saved no tolerance for (default 1e-7)")
     d.add_argument("--json", metavar="F", help="write the differences and a summary per op as JSON")
     d.add_argument("--limit", type=int, default=40, help="rows of the table (default 40)")
+    m = sub.add_parser("merge", help="join the --json reports of the N shards of one sweep (--shard I/N) into one")
+    m.add_argument("pieces", nargs="+", help="the shards' reports (pyggml parity --shard I/N --json F)")
+    m.add_argument("--json", metavar="F", help="write every row, the summary and the build as JSON")
+    m.add_argument("--junit", metavar="F", help="write a JUnit XML report")
+    m.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     ap.add_argument("--op", action="append", default=[], metavar="NAME|GLOB",
                     help="subjects to check: an op name or glob (mul_mat, 'rope*'), 'grad:NAME', 'attention'; "
                          "repeatable; default: all")
@@ -47,6 +53,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     ap.add_argument("--save", metavar="F.npz", help="save every output, for pyggml parity diff")
     ap.add_argument("--list", action="store_true", help="list the subjects and their paths, then exit")
+    ap.add_argument("--shard", metavar="I/N", default=None,
+                    help="only the cases of shard I of N (1 <= I <= N): a stable hash of each case's key, so N jobs "
+                         "with I = 1..N run every case once; join their --json reports with pyggml parity merge")
     ap.add_argument("--model", metavar="PATH",
                     help="instead of the ops: a GGUF model of an architecture in pyggml.models, every named node "
                          "of pyggml's graph against float64 over the dequantized weights")
@@ -129,6 +138,8 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     try:
         if getattr(args, "parity_cmd", None) == "diff":
             return _diff(args, ap)
+        if getattr(args, "parity_cmd", None) == "merge":
+            return _merge(args, ap)
         if args.model is not None:
             return _model(args, ap)
         if args.prompt is not None:
@@ -151,6 +162,14 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error("--threads must be >= 1")
     if args.timeout <= 0:
         ap.error("--timeout must be > 0")
+    shard = None
+    if args.shard is not None:
+        try:
+            shard = runner.parse_shard(args.shard)
+        except ValueError as e:
+            ap.error(f"--shard: {e}")
+        if args.save:
+            ap.error("--shard: pyggml parity merge joins --json reports, not --save files")
     types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
     bad_types = [t for t in types if t not in pyggml.Type.__members__]
     if bad_types:
@@ -174,8 +193,13 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         cases = [c for c in cases if len(set(subjects[c.subject].paths) & set(paths)) >= 2]
     if not cases:
         ap.error("nothing to compare: no subject matches --op/--types (see --list)")
+    total_cases = len(cases)
+    if shard is not None:
+        cases = [c for c in cases if runner.shard_of(c, shard[1]) == shard[0] - 1]
     workers = runner.default_workers() if args.workers is None else args.workers
     t0 = time.perf_counter()
+    if shard is not None:
+        print(f"shard {shard[0]}/{shard[1]}: {len(cases)} of the {total_cases} cases")
     progress = _Progress()
     stopped: tuple[int, str, str] | None = None      # exit status, why (the reports), the line for stderr
     try:
@@ -209,6 +233,8 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     meta: dict[str, Any] = {"identity": ident, "quick": args.quick, "seed": args.seed,
                             "ops": args.op, "types": types, "paths": paths, "threads": args.threads,
                             "seconds": elapsed}
+    if shard is not None:
+        meta.update(shard=f"{shard[0]}/{shard[1]}", total_cases=total_cases, cases_selected=len(cases))
     if stopped:
         meta["partial"], meta["stopped"] = True, stopped[1]
         print(f"PARTIAL: the sweep was {stopped[1]}; the counts above and the reports are of the cases that finished")
@@ -295,6 +321,43 @@ def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if failed:
         return 2
     return 1 if bad else 0
+
+
+def _merge(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """pyggml parity merge PIECE...: the report of the whole sweep from its shards'."""
+    from pyggml.parity import html, merge, report, runner
+    why = check_outputs(args, (("--json", "json"), ("--junit", "junit"), ("--html", "html")))
+    if why:
+        _say(f"error: {why}")
+        return 2
+    try:
+        rows, meta = merge.merge(args.pieces)
+    except merge.MergeError as e:
+        _say(f"merge: {e}")
+        return 2
+    print(report.format_summary(rows))
+    summ = runner.summarize(rows)
+    counts = ", ".join(f"{k} {summ[k]}" for k in ("ok", "fail", "refused", "oob", "crashed", "timeout", "error",
+                                                   "skipped") if summ[k])
+    print(f"\n{meta['shards']} shards: {summ['subjects']} subjects, {meta['total_cases']} cases, "
+          f"{summ['comparisons']} comparisons: {counts}; worst NMSE against the reference {summ['worst_nmse']:.2e}; "
+          f"ggml {meta['identity'].get('ggml_version')}; {meta['seconds']:.1f} s in all")
+    if meta["cpu_features_differ"]:
+        print("note: the shards ran on CPUs with different instruction sets: "
+              + " | ".join(",".join(f) for f in meta["cpu_features"]))
+    failed = False
+    for option, path, fn in (("--json", args.json, lambda: report.write_json(rows, args.json, meta)),
+                             ("--junit", args.junit, lambda: report.write_junit(rows, args.junit, meta["seconds"])),
+                             ("--html", args.html, lambda: html.write_html(rows, args.html, meta))):
+        if path:
+            try:
+                fn()
+            except OSError as e:
+                _say(f"error: {option} {path}: {e.strerror or e}")
+                failed = True
+    if failed:
+        return 2
+    return 1 if any(r.verdict in BAD for r in rows) else 0
 
 
 def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:

@@ -7,6 +7,7 @@ sweep goes on; a worker takes cases in batches and is replaced only when it dies
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import math
 import multiprocessing as mp
@@ -21,7 +22,8 @@ import numpy as np
 from pyggml.parity.model import BAD, Case, Outcome, Row, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
-__all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "run_cases", "select"]
+__all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "parse_shard", "run_cases", "select",
+           "shard_of"]
 
 Progress = Callable[[int, int, Case], None]
 
@@ -43,6 +45,21 @@ def select(ops: Iterable[str] = (), types: Iterable[str] = (), quick: bool = Fal
             if not types or c.type.upper() in types or not c.type:
                 out.append(c)
     return out
+
+
+def shard_of(case: Case, n: int) -> int:
+    """The shard (0 to n - 1) ``case`` belongs to among ``n``: its key's sha256, so the same
+    case lands in the same shard on every machine, run and Python (no salted hash()), and
+    the n shards of one selection are disjoint and cover it."""
+    return int.from_bytes(hashlib.sha256(case.key.encode()).digest()[:8], "big") % n
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"I/N" (1 <= I <= N) as (I, N); ValueError otherwise."""
+    i, sep, n = text.partition("/")
+    if not sep or not i.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(i) <= int(n):
+        raise ValueError(f"a shard is I/N with 1 <= I <= N, not {text!r}")
+    return int(i), int(n)
 
 
 def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = True,
