@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import subprocess
 
 
 def cpu_model() -> str:
@@ -30,3 +32,25 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def build_c_program(source: str, folder: str, name: str) -> str | None:
+    """``source`` (C) compiled in ``folder`` against the libggml pyggml loaded (the vendored
+    headers of this checkout), for the benchmarks' C baselines: the executable's path, or
+    None without a C compiler, the headers or the libraries."""
+    import pyggml._core
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    libdir = os.path.dirname(pyggml._core.__file__)     # the compiled modules' folder (editable installs too)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    include = os.path.join(here, "vendor", "ggml", "include")
+    if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \
+            not os.path.exists(os.path.join(libdir, "libggml.so")):
+        return None
+    src = os.path.join(folder, name + ".c")
+    exe = os.path.join(folder, name)
+    with open(src, "w") as f:
+        f.write(source)
+    subprocess.run([cc, "-O2", src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
+                    "-lggml-cpu", "-lpthread", f"-Wl,-rpath,{libdir}"], check=True)
+    return exe

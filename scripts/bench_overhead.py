@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -173,22 +172,8 @@ def run(python: str, code: str, n_small: int, n_large: int, rounds: int) -> dict
 
 def build_c(tmp: str) -> str | None:
     """The C program, against the libggml pyggml uses; None without a compiler or headers."""
-    import pyggml._core
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    libdir = os.path.dirname(pyggml._core.__file__)     # the compiled modules' folder (editable installs too)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    include = os.path.join(here, "vendor", "ggml", "include")
-    if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \
-            not os.path.exists(os.path.join(libdir, "libggml.so")):
-        return None
-    src = os.path.join(tmp, "bench.c")
-    exe = os.path.join(tmp, "bench")
-    with open(src, "w") as f:
-        f.write(C_CODE)
-    subprocess.run([cc, "-O2", src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
-                    "-lggml-cpu", f"-Wl,-rpath,{libdir}"], check=True)
-    return exe
+    from pyggml._machine import build_c_program
+    return build_c_program(C_CODE, tmp, "bench")
 
 
 def merge(into: dict[str, float], new: dict[str, float]) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -112,22 +111,8 @@ SYSTEMS = ("C, thread that stays", "C, new thread per compute", "pyggml Graph.co
 
 def build_c(tmp: str) -> str | None:
     """The C program, against the libggml pyggml uses; None without a compiler or headers."""
-    import pyggml._core
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    libdir = os.path.dirname(pyggml._core.__file__)     # the compiled modules' folder (editable installs too)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    include = os.path.join(here, "vendor", "ggml", "include")
-    if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \
-            not os.path.exists(os.path.join(libdir, "libggml.so")):
-        return None
-    src = os.path.join(tmp, "threads.c")
-    exe = os.path.join(tmp, "threads")
-    with open(src, "w") as f:
-        f.write(C_CODE)
-    subprocess.run([cc, "-O2", src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
-                    "-lggml-cpu", "-lpthread", f"-Wl,-rpath,{libdir}"], check=True)
-    return exe
+    from pyggml._machine import build_c_program
+    return build_c_program(C_CODE, tmp, "threads")
 
 
 def pyggml_graph(ctx, which: str):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pyggml.__main__ import main as pyggml_main
-from pyggml.parity import html, report, store, subjects
+from pyggml.parity import report, subjects
 from pyggml.parity.model import Case, Outcome, Row, Subject
 
 PY = sys.executable

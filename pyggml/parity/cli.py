@@ -280,7 +280,7 @@ def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """pyggml parity --model PATH: one row per named node of the model's graph."""
     import pyggml
     from pyggml.errors import GGMLError
-    from pyggml.parity import html, models, report, store
+    from pyggml.parity import models, store
 
     if args.op or args.types or args.paths or args.quick or args.save or args.list:
         ap.error("--model checks one model's nodes: --op, --types, --paths, --quick, --save and --list do not apply")
@@ -308,7 +308,16 @@ def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     print(f"\n{len(rows)} nodes: {len(rows) - len(bad)} ok, {len(bad)} beyond the tolerance; next token as "
           f"float64's at {meta['next_token_agrees']} of {meta['positions']} positions; ggml "
           f"{pyggml.ggml_version()}; {elapsed:.1f} s")
-    failed = False
+    if not _write_reports(args, rows, meta, elapsed):
+        return 2
+    return 1 if bad else 0
+
+
+def _write_reports(args: argparse.Namespace, rows: list, meta: dict[str, Any], elapsed: float) -> bool:
+    """--json, --junit and --html of ``rows`` where asked; False when one could not be written
+    (said on stderr)."""
+    from pyggml.parity import html, report
+    ok = True
     for option, path, fn in (("--json", args.json, lambda: report.write_json(rows, args.json, meta)),
                              ("--junit", args.junit, lambda: report.write_junit(rows, args.junit, elapsed)),
                              ("--html", args.html, lambda: html.write_html(rows, args.html, meta))):
@@ -317,15 +326,13 @@ def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 fn()
             except OSError as e:
                 _say(f"error: {option} {path}: {e.strerror or e}")
-                failed = True
-    if failed:
-        return 2
-    return 1 if bad else 0
+                ok = False
+    return ok
 
 
 def _merge(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """pyggml parity merge PIECE...: the report of the whole sweep from its shards'."""
-    from pyggml.parity import html, merge, report, runner
+    from pyggml.parity import merge, report, runner
     why = check_outputs(args, (("--json", "json"), ("--junit", "junit"), ("--html", "html")))
     if why:
         _say(f"error: {why}")
@@ -345,17 +352,7 @@ def _merge(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if meta["cpu_features_differ"]:
         print("note: the shards ran on CPUs with different instruction sets: "
               + " | ".join(",".join(f) for f in meta["cpu_features"]))
-    failed = False
-    for option, path, fn in (("--json", args.json, lambda: report.write_json(rows, args.json, meta)),
-                             ("--junit", args.junit, lambda: report.write_junit(rows, args.junit, meta["seconds"])),
-                             ("--html", args.html, lambda: html.write_html(rows, args.html, meta))):
-        if path:
-            try:
-                fn()
-            except OSError as e:
-                _say(f"error: {option} {path}: {e.strerror or e}")
-                failed = True
-    if failed:
+    if not _write_reports(args, rows, meta, meta["seconds"]):
         return 2
     return 1 if any(r.verdict in BAD for r in rows) else 0
 
