@@ -227,7 +227,8 @@ cdef class GraphAllocator:
             _after_failure(alloc, before, gr)
             if not rc:
                 raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
-            raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer")
+            raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer"
+                                   + guard_logged(&g))
         alloc.record(before, gr._pools)
         return self._history.add(alloc, gr)
 
@@ -368,7 +369,8 @@ cdef class Scheduler:
             raise_aborted(&g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
         if not ok:
             _after_failure(alloc, before, gr)
-            raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers")
+            raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers"
+                                   + guard_logged(&g))
         alloc.record(before, gr._pools)
         total = history.add(alloc, gr)
         self._current = alloc

@@ -114,6 +114,7 @@ cdef int op_fail(Context ctx, ggml_tensor * r, pyggml_guard * g, str op, tuple n
 cdef int op_lost(pyggml_guard * g, str op) except -1
 cdef object version_error(str op, str reason)
 cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1
+cdef str guard_logged(const pyggml_guard * g)
 cdef int raise_status(pyggml_status * st, str where, str detail=*, tuple names=*, tuple tensors=*) except -1
 cdef int deprecated(str op) except -1
 cdef int check_node(const ggml_tensor * node, str where) except -1

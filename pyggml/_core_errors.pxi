@@ -86,6 +86,15 @@ cdef str _refused_node(const ggml_tensor * node, str msg, tuple names, tuple ten
     return f"{_node_name(node)} node refused: {msg}{roles_text}. Node: {describe(node)}; {srcs}"
 
 
+cdef str guard_logged(const pyggml_guard * g):
+    """" (ggml logged: ...)" with what ggml logged during a guarded call that returned a
+    failure of its own (no abort: raise_aborted's message has it already), or ""."""
+    cdef char buf[512]
+    pyggml_guard_logged(g, buf, sizeof(buf))
+    text = buf.decode("utf-8", "replace")
+    return f" (ggml logged: {text})" if text else ""
+
+
 cdef int raise_aborted(pyggml_guard * g, str where, str detail) except -1:
     """Raise GGMLAbort for a guarded call that aborted (or faulted: g.signal)."""
     cdef pyggml_status st

@@ -10,6 +10,7 @@ cdef extern from "pyggml_rt.h" nogil:
     ctypedef struct pyggml_guard:
         int signal               # 0, or the signal the guarded call died of
         char message[1]          # really PYGGML_MSG_CAP bytes, NUL-terminated
+    void pyggml_guard_logged(const pyggml_guard * g, char * out, size_t cap)
 
     # the outcome of every checked entry point (status.c); mapped to exceptions in one
     # place: _core's raise_status

@@ -251,3 +251,35 @@ def test_the_graph_allocator_checks_its_arguments():
     be.close()
     with pytest.raises(ArgumentError, match="closed"):
         galloc.alloc_graph(pyggml.Graph(pyggml.Context(1 << 20)))
+
+
+# --- ggml's log: captured in guarded calls, stderr elsewhere -----------------------------
+
+@pytest.mark.parametrize("kind", ["allocator", "scheduler"])
+def test_an_allocation_that_fails_says_what_ggml_logged(kind, capfd):
+    """ggml says why an allocation failed only in its log (then returns false): pyggml
+    captures the log of every guarded call, and the error carries those lines instead of
+    them going to stderr apart from it."""
+    from pyggml.errors import ContextFullError
+    cpu = pyggml.Backend("CPU")          # closed by the collector, after the scheduler that uses it
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        t = ctx.new_tensor(Type.F32, (1 << 20, 1 << 19))          # 2 TiB
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(pyggml.scale(ctx, t, 2.0))
+        alloc = pyggml.GraphAllocator(cpu) if kind == "allocator" else pyggml.Scheduler([cpu])
+        with pytest.raises(ContextFullError, match=r"could not allocate its buffers? \(ggml logged: .*"
+                                                  r"failed to allocate buffer of size 2199023255552"):
+            alloc.alloc_graph(g)
+    assert "failed to allocate" not in capfd.readouterr().err
+
+
+def test_what_ggml_logs_outside_a_guarded_call_goes_to_stderr():
+    """pyggml's log callback (installed with the abort guard) keeps ggml's default behaviour
+    for a line logged outside a guarded call: stderr."""
+    import subprocess
+    import sys
+    code = ("import ctypes, os, pyggml, pyggml._core; "
+            "lib = ctypes.CDLL(os.path.join(os.path.dirname(pyggml._core.__file__), 'libggml-base.so')); "
+            "lib.ggml_log_internal(4, b'%s\\n', b'a line ggml logged')")    # GGML_LOG_LEVEL_ERROR
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 0 and proc.stderr == "a line ggml logged\n", proc.stderr

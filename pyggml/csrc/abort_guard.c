@@ -22,6 +22,47 @@ static const int fault_signals[] = {SIGFPE, SIGSEGV, SIGBUS, SIGILL};
 #define N_FAULTS ((int) (sizeof fault_signals / sizeof fault_signals[0]))
 static struct sigaction previous_actions[N_FAULTS];
 
+/* --- ggml's log ------------------------------------------------------------------------------ */
+
+static _Thread_local pyggml_log_capture * current_capture __attribute__((tls_model("initial-exec")));
+
+void pyggml_log_capture_begin(pyggml_log_capture * c, char * buf, size_t cap) {
+    c->buf = buf;
+    c->cap = cap;
+    c->len = 0;
+    if (cap > 0) {
+        buf[0] = '\0';
+    }
+    c->prev = current_capture;
+    current_capture = c;
+}
+
+void pyggml_log_capture_end(pyggml_log_capture * c) {
+    current_capture = c->prev;
+}
+
+static void route_log(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    pyggml_log_capture * c = current_capture;
+    if (c == NULL || level == GGML_LOG_LEVEL_DEBUG) {
+        fputs(text, stderr);            /* ggml's default logger */
+        fflush(stderr);
+        return;
+    }
+    for (; *text != '\0' && c->len + 1 < c->cap; text++) {
+        c->buf[c->len++] = *text;
+    }
+    if (c->cap > 0) {
+        c->buf[c->len] = '\0';
+    }
+}
+
+/* a guarded call that ends by longjmp: its capture ends too */
+static void guard_abandon(pyggml_guard * g) {
+    current_guard = g->prev;
+    current_capture = g->capture.prev;
+}
+
 static void on_fault(int sig, siginfo_t * info, void * context) {
     pyggml_guard * g = current_guard;
     if (g != NULL) {
@@ -32,7 +73,7 @@ static void on_fault(int sig, siginfo_t * info, void * context) {
                  sig == SIGFPE ? "SIGFPE: an arithmetic error, such as an integer division by zero"
                  : sig == SIGSEGV ? "SIGSEGV: an invalid memory access"
                  : sig == SIGBUS ? "SIGBUS" : "SIGILL");
-        current_guard = g->prev;
+        guard_abandon(g);
         longjmp(g->env, 1);
     }
     for (int i = 0; i < N_FAULTS; i++) {
@@ -58,7 +99,7 @@ static void on_ggml_abort(const char * message) {
     pyggml_guard * g = current_guard;
     if (g != NULL) {
         snprintf(g->message, sizeof g->message, "%s", message);
-        current_guard = g->prev;
+        guard_abandon(g);
         longjmp(g->env, 1);
     }
     /* not in a guarded call (a kernel, another library): ggml aborts after this returns */
@@ -73,6 +114,7 @@ static void on_ggml_abort(const char * message) {
 
 static void install(void) {
     previous_callback = ggml_set_abort_callback(on_ggml_abort);
+    ggml_log_set(route_log, NULL);
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_fault;
@@ -92,9 +134,11 @@ void pyggml_guard_enter(pyggml_guard * g) {
     g->signal = 0;
     g->message[0] = '\0';
     current_guard = g;
+    pyggml_log_capture_begin(&g->capture, g->log, sizeof g->log);
 }
 
 void pyggml_guard_leave(pyggml_guard * g) {
+    pyggml_log_capture_end(&g->capture);
     current_guard = g->prev;
 }
 

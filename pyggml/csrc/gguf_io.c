@@ -1,59 +1,20 @@
 /* ggml's GGUF reader, called so that no file ends the process: under the abort guard
  * (a GGML_ASSERT in the reader becomes an error), through the nothrow wrapper (a
  * std::bad_alloc for a count the file lies about becomes a refused file), with ggml's log
- * captured while it reads (the reason it refuses a file is a GGML_LOG_ERROR line, which
- * becomes the exception's message). See pyggml_rt.h. */
+ * captured while it reads, as in every guarded call (the reason it refuses a file is a
+ * GGML_LOG_ERROR line, which becomes the exception's message). See pyggml_rt.h. */
 #include "pyggml_rt.h"
 #include "gguf.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-
-/* one GGUF read or write at a time: ggml's log callback is process-wide */
-static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
-static char * capture_buf;
-static size_t capture_cap, capture_len;
-static pthread_t capture_thread;
-
-static void capture_log(enum ggml_log_level level, const char * text, void * user_data) {
-    (void) user_data;
-    if (capture_buf != NULL && pthread_equal(pthread_self(), capture_thread) && level != GGML_LOG_LEVEL_DEBUG) {
-        const size_t n = strlen(text);
-        const size_t room = capture_cap - 1 - capture_len;
-        const size_t take = n < room ? n : room;
-        memcpy(capture_buf + capture_len, text, take);
-        capture_len += take;
-        capture_buf[capture_len] = '\0';
-        return;
-    }
-    fputs(text, stderr);            /* another thread's line: where ggml's default puts it */
-    fflush(stderr);
-}
-
-static void capture_begin(char * log, size_t cap) {
-    pthread_mutex_lock(&open_lock);
-    log[0] = '\0';
-    capture_buf = log;
-    capture_cap = cap;
-    capture_len = 0;
-    capture_thread = pthread_self();
-    ggml_log_set(capture_log, NULL);
-}
-
-static void capture_end(void) {
-    ggml_log_set(NULL, NULL);       /* ggml's default logger again (pyggml sets no other) */
-    capture_buf = NULL;
-    pthread_mutex_unlock(&open_lock);
-}
 
 int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tensor * const * tensors,
                       int64_t n_tensors, const char * path, pyggml_status * st) {
     pyggml_guard g;
     volatile int rc = 0;
-    char log[PYGGML_MSG_CAP];
+    const char * log = g.log;       /* what ggml logged: the guard captures it */
     pyggml_guard_install();
-    capture_begin(log, sizeof log);
     pyggml_guard_enter(&g);
     if (setjmp(g.env) == 0) {
         rc = pyggml_gguf_write_nothrow(kvs, n_kv, tensors, n_tensors, path);
@@ -61,7 +22,6 @@ int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tens
     } else {
         rc = -2;
     }
-    capture_end();
     if (rc == 1) {
         return pyggml_status_clear(st);
     }
@@ -79,12 +39,11 @@ int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_
                      pyggml_status * st) {
     pyggml_guard g;
     volatile int outcome = 0;       /* 1 read, 0 refused, -1 aborted, -2 C++ threw */
-    char log[PYGGML_MSG_CAP];
+    const char * log = g.log;       /* what ggml logged: the guard captures it */
     int exception = PYGGML_CXX_NONE;
     *out = NULL;
     *meta = NULL;
     pyggml_guard_install();
-    capture_begin(log, sizeof log);
     pyggml_guard_enter(&g);
     if (setjmp(g.env) == 0) {
         *out = pyggml_gguf_init_nothrow(path, meta);
@@ -94,7 +53,6 @@ int pyggml_gguf_open(const char * path, struct gguf_context ** out, struct ggml_
     } else {
         outcome = -1;
     }
-    capture_end();
     switch (outcome) {
     case 1:
         return pyggml_status_clear(st);

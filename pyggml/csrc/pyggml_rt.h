@@ -83,11 +83,26 @@ PYGGML_RT_API int pyggml_status_from_cxx(pyggml_status * st, int exception);
  * C that allocates nothing outside its context (a jump out of them leaks at most a few
  * objects in a scratch context pyggml resets). Kernels (C++, OpenMP threads) never run
  * guarded; their preconditions are checked before they run (preconditions.c). */
+/* ggml's log, captured: while a capture is open on a thread, what ggml logs on that thread
+ * (ggml_log_set's callback, which pyggml installs with the abort guard) goes into buf, cut
+ * at cap; everywhere else to stderr, as ggml's own default logger does. Captures nest. */
+typedef struct pyggml_log_capture {
+    char * buf;
+    size_t cap, len;
+    struct pyggml_log_capture * prev;
+} pyggml_log_capture;
+PYGGML_RT_API void pyggml_log_capture_begin(pyggml_log_capture * c, char * buf, size_t cap);
+PYGGML_RT_API void pyggml_log_capture_end(pyggml_log_capture * c);
+
+#define PYGGML_LOG_CAP 512
+
 typedef struct pyggml_guard {
     jmp_buf env;
     struct pyggml_guard * prev;
     int signal;                     /* 0, or the signal a guarded call died of (SIGFPE, ...) */
     char message[PYGGML_MSG_CAP];   /* ggml's abort message, when a guarded call aborted */
+    char log[PYGGML_LOG_CAP];       /* what ggml logged during the guarded call ("" if nothing) */
+    pyggml_log_capture capture;
 } pyggml_guard;
 
 /* Install pyggml's abort callback and its handlers for SIGFPE, SIGSEGV, SIGBUS and
@@ -96,6 +111,8 @@ typedef struct pyggml_guard {
  * arguments) and otherwise hand over to what was installed before (the default: the
  * process dies as it would without pyggml). */
 PYGGML_RT_API void pyggml_guard_install(void);
+/* what ggml logged in a guarded call, its lines joined by "; ", or "" */
+PYGGML_RT_API void pyggml_guard_logged(const pyggml_guard * g, char * out, size_t cap);
 PYGGML_RT_API void pyggml_guard_enter(pyggml_guard * g);
 PYGGML_RT_API void pyggml_guard_leave(pyggml_guard * g);
 /* what a guarded call that did not return tells: PYGGML_ABORTED or PYGGML_CRASHED */

@@ -57,8 +57,31 @@ int pyggml_status_from_ggml(pyggml_status * st, int status) {
 }
 
 int pyggml_status_from_guard(pyggml_status * st, const pyggml_guard * g) {
-    return pyggml_status_set(st, g->signal ? PYGGML_CRASHED : PYGGML_ABORTED, g->signal, NULL, NULL, "%s",
-                             g->message);
+    char logged[PYGGML_LOG_CAP];
+    pyggml_guard_logged(g, logged, sizeof logged);
+    return pyggml_status_set(st, g->signal ? PYGGML_CRASHED : PYGGML_ABORTED, g->signal, NULL, NULL, "%s%s%s%s",
+                             g->message, logged[0] ? " (ggml logged: " : "", logged, logged[0] ? ")" : "");
+}
+
+void pyggml_guard_logged(const pyggml_guard * g, char * out, size_t cap) {
+    /* the captured lines on one line, "; " between them */
+    size_t n = 0;
+    const char * p = g->log;
+    while (*p == '\n' || *p == ' ') p++;
+    for (; *p != '\0' && n + 2 < cap; p++) {
+        if (*p == '\n') {
+            const char * q = p;
+            while (*q == '\n' || *q == ' ') q++;
+            if (*q == '\0') break;
+            if (n + 3 >= cap) break;
+            out[n++] = ';';
+            out[n++] = ' ';
+            p = q - 1;
+        } else {
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
 }
 
 int pyggml_status_from_dry_run(pyggml_status * st, int rc, int how, double timeout_s) {
