@@ -107,7 +107,10 @@ def test_command_writes_json_junit_and_saves(tmp_path):
     meta, kept = store.load(str(npz))
     assert meta["identity"]["cpu_features"] == sorted(k for k, v in pyggml._cpu.cpu_features().items() if v)
     key = next(iter(kept))
-    assert set(kept[key]) >= {"ggml", "reference"}
+    # what parity diff reads: the compared paths' arrays, each one's NMSE against the
+    # reference and the reference's sketch (not the reference itself: format 2)
+    assert "ggml" in kept[key] and "reference" not in kept[key] and "cpu-backend" not in kept[key]
+    assert meta["format"] == 2 and set(meta["nmse_ref"][key]) == set(kept[key]) and meta["sketches"][key]
     if pyggml.build_info()["features"]["use_ref"]:     # (else the ggml-ref rows are skipped)
         assert "(2 more subjects: all ok)" in proc.stdout
 
@@ -122,6 +125,26 @@ def test_save_writes_the_path_it_is_given(tmp_path):
     assert kept and meta["identity"]["ggml_version"] == pyggml.ggml_version()
 
 
+def swept(ops, types, quick):
+    """What pyggml parity --save keeps, run in this process: ({case key: {path: arrays}},
+    the meta the command saves with it: labels and tolerances)."""
+    cases = runner.select(ops, types, quick)
+    _, kept = runner.run_cases(cases, None, 0, keep=True)
+    subjects = parity.subjects.all_subjects()
+    return kept, {"labels": {c.key: c.label for c in cases},
+                  "tolerances": {c.key: subjects[c.subject].tolerance(c, "ggml", "ggml-ref") for c in cases}}
+
+
+def save_format_1(path, kept, meta):
+    """A file as --save wrote it before format 2 (every path, the references whole): what
+    load() must still read."""
+    arrays = {"||".join((key, p, str(i))): np.asarray(a) for key, paths in kept.items()
+              for p, arrs in paths.items() for i, a in enumerate(arrs)}
+    arrays["__meta__"] = np.frombuffer(json.dumps({"identity": store.build_identity(), "meta": meta}).encode(),
+                                       np.uint8)
+    np.savez_compressed(str(path), **arrays)
+
+
 def test_diff_of_two_saved_sweeps(tmp_path):
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
     for p in (a, b):
@@ -130,7 +153,8 @@ def test_diff_of_two_saved_sweeps(tmp_path):
     same = cli("parity", "diff", str(a), str(b))
     assert same.returncode == 0 and "0 differ" in same.stdout, same.stdout
     # B with one output nudged: that case differs, and A is the one closer to the reference
-    meta, kept = store.load(str(b))
+    meta = store.load(str(b))[0]
+    kept = swept(["soft_max"], ["F32"], True)[0]
     key = sorted(k for k in kept if "ggml" in kept[k])[0]
     kept[key]["ggml"] = [x * 1.01 for x in kept[key]["ggml"]]
     store.save(str(b), kept, meta["meta"])
@@ -145,9 +169,9 @@ def test_diff_matches_cases_by_label_and_skips_those_drawn_from_other_inputs(tmp
     # two builds may draw different sample lists for one subject (a release lacks a sample):
     # the same index is then another case, and a case of one label may hold other inputs
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
-    proc = cli("parity", "--op", "soft_max", "--types", "F32", "--workers", "0", "--save", str(a))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    meta, kept = store.load(str(a))
+    kept, meta = swept(["soft_max"], ["F32"], False)
+    store.save(str(a), kept, meta)
+    meta = {"meta": meta}
     labels = meta["meta"]["labels"]
     keys = sorted((k for k in kept if k.startswith("op:soft_max|F32|")), key=lambda k: int(k.rsplit("|", 1)[1]))
     assert len(keys) >= 3 and len({labels[k] for k in keys}) == len(keys)
@@ -170,6 +194,43 @@ def test_diff_matches_cases_by_label_and_skips_those_drawn_from_other_inputs(tmp
     store.save(str(b), shifted, {k: v for k, v in meta["meta"].items() if k != "labels"})
     old = cli("parity", "diff", str(a), str(b))
     assert old.returncode == 0 and f"not compared: {len(keys) - 1} cases" in old.stdout, old.stdout
+
+
+def test_a_compact_save_gives_the_same_diff_as_the_whole_arrays_and_a_tenth_of_the_size(tmp_path):
+    """--save (format 2) keeps what parity diff reads: the same verdicts, NMSEs, bitwise
+    flags, "closer" columns and inputs check as from files with every path and the whole
+    float64 references (format 1, which load() still reads), in far fewer bytes."""
+    kept, meta = swept(["soft_max", "rms_norm", "mul_mat", "attention", "grad:exp"], [], True)
+    other = {k: {p: [np.asarray(x).copy() for x in v] for p, v in paths.items()} for k, paths in kept.items()}
+    keys = sorted(k for k in other if "ggml" in other[k])
+    other[keys[0]]["ggml"] = [x * 1.01 for x in other[keys[0]]["ggml"]]                 # beyond tolerance
+    other[keys[1]]["ggml"] = [np.nextafter(x, np.inf) if x.dtype.kind == "f" else x
+                              for x in other[keys[1]]["ggml"]]                           # one ulp: bits differ
+    other[keys[2]] = {p: [x + 1.0 for x in v] for p, v in other[keys[2]].items()}       # other inputs
+    att = next(k for k in other if k.startswith("attention") and "autodiff" in other[k])
+    other[att]["autodiff"] = [x * (1 + 1e-6) for x in other[att]["autodiff"]]          # autodiff XOR-coded
+    files = {}
+    for fmt, write in (("1", save_format_1), ("2", store.save)):
+        for side, data in (("a", kept), ("b", other)):
+            files[fmt + side] = tmp_path / f"{side}{fmt}.npz"
+            write(str(files[fmt + side]), data, meta)
+    whole = store.diff(str(files["1a"]), str(files["1b"]))
+    compact = store.diff(str(files["2a"]), str(files["2b"]))
+    mixed = store.diff(str(files["1a"]), str(files["2b"]))
+    assert whole[2] == compact[2] == mixed[2] and len(whole[2]) > 50
+    assert whole[0]["not_comparable"] == compact[0]["not_comparable"] == mixed[0]["not_comparable"]
+    assert len(whole[0]["not_comparable"]) == 1
+    assert {d.bitwise for d in compact[2]} == {True, False} and any(d.beyond for d in compact[2])
+    assert any(d.path == "autodiff" and not d.bitwise for d in compact[2])
+    # every array comes back exactly (its bits), the compared paths only
+    _, back = store.load(str(files["2b"]))
+    for key, paths in back.items():
+        assert set(paths) == set(other[key]) & set(store.SAVED_PATHS)
+        for p, arrs in paths.items():
+            assert all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == np.asarray(y).tobytes()
+                       for x, y in zip(arrs, other[key][p]))
+    size = {k: f.stat().st_size for k, f in files.items()}
+    assert size["2a"] * 4 < size["1a"], size       # (the full sweep's: see README, parity diff)
 
 
 PLANTED = textwrap.dedent("""
