@@ -196,7 +196,7 @@ def test_diff_matches_cases_by_label_and_skips_those_drawn_from_other_inputs(tmp
     assert old.returncode == 0 and f"not compared: {len(keys) - 1} cases" in old.stdout, old.stdout
 
 
-def test_a_compact_save_gives_the_same_diff_as_the_whole_arrays_and_a_tenth_of_the_size(tmp_path):
+def test_a_compact_save_gives_the_same_diff_as_the_whole_arrays_in_far_fewer_bytes(tmp_path):
     """--save (format 2) keeps what parity diff reads: the same verdicts, NMSEs, bitwise
     flags, "closer" columns and inputs check as from files with every path and the whole
     float64 references (format 1, which load() still reads), in far fewer bytes."""
