@@ -270,7 +270,8 @@ def test_an_allocation_that_fails_says_what_ggml_logged(kind, capfd):
         with pytest.raises(ContextFullError, match=r"could not allocate its buffers? \(ggml logged: .*"
                                                   r"failed to allocate buffer of size 2199023255552"):
             alloc.alloc_graph(g)
-    assert "failed to allocate" not in capfd.readouterr().err
+    # ggml's lines went into the error, not to stderr (an ASan build's allocator warns there itself)
+    assert "ggml_gallocr_reserve_n" not in capfd.readouterr().err
 
 
 def test_what_ggml_logs_outside_a_guarded_call_goes_to_stderr():
