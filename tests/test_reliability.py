@@ -240,10 +240,11 @@ def test_computes_reuse_one_worker_and_its_thread_team():
     """)
     first, second = out.strip().splitlines()
     n_before, n_first, same = first.split()
-    # the worker, and with OpenMP its team's second thread
-    extra = 2 if pyggml.build_info()["openmp"] else 1
-    assert (int(n_first) - int(n_before), same) == (extra, "True"), out
-    assert second == f"True {extra}", out
+    # the worker stays (with OpenMP, most builds keep its team's thread too: how many is
+    # libgomp's business); the second worker stays too
+    assert int(n_first) > int(n_before) and same == "True", out
+    stable, more = second.split()
+    assert stable == "True" and int(more) >= 1, out
 
 
 @pytest.mark.parametrize("phase", ["compute", "proof"])
