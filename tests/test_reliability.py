@@ -204,10 +204,10 @@ def test_computes_reuse_one_worker_and_its_thread_team():
     threads after the twentieth; computes from two Python threads at once make a second
     worker, and it stays too."""
     out = run_isolated("""
-        import os, threading, numpy as np, pyggml
+        import os, threading, time, numpy as np, pyggml
         def tids(leave=()):
             return sorted(set(os.listdir("/proc/self/task")) - set(leave))
-        with pyggml.Context(64 << 20) as ctx:
+        with pyggml.Context(128 << 20) as ctx:
             # 1M elements and more: a worker's (the calling thread computes smaller graphs)
             a = ctx.from_numpy(np.ones((1024, 1024), np.float32))
             x = ctx.from_numpy(np.ones((8, 1024), np.float32))
@@ -215,27 +215,35 @@ def test_computes_reuse_one_worker_and_its_thread_team():
             g.build_forward_expand(pyggml.mul_mat(ctx, a, x))
             h = pyggml.Graph(ctx)
             h.build_forward_expand(pyggml.mul_mat(ctx, a, pyggml.scale(ctx, x, 2.0)))
+            # a long compute (20 matrix products of 1024^3: half a second or so here), so
+            # that another thread's compute surely starts while it runs
+            r = a
+            for _ in range(20):
+                r = pyggml.mul_mat(ctx, a, r)
+            long = pyggml.Graph(ctx)
+            long.build_forward_expand(r)
             before = tids()
             g.compute(2)
             first = tids()
             for _ in range(20):
                 g.compute(2)
             print(len(before), len(first), first == tids())
-            go = threading.Barrier(2)
+            started = threading.Event()
             def other():
-                go.wait()
-                for _ in range(10):
-                    h.compute(2)
+                started.set()
+                long.compute(2)          # the first worker, busy for half a second or so
             t = threading.Thread(target=other)
             t.start()
-            go.wait()
-            for _ in range(10):
-                g.compute(2)
+            started.wait()
+            time.sleep(0.1)
+            for _ in range(10):          # meanwhile: a second worker
+                h.compute(2)
             t.join()
             both = tids([str(t.native_id)])
             for _ in range(10):
                 g.compute(2)
                 h.compute(2)
+            long.compute(2)
             print(both == tids([str(t.native_id)]), len(both) - len(first))
     """)
     first, second = out.strip().splitlines()
