@@ -227,7 +227,7 @@ def test_computes_reuse_one_worker_and_its_thread_team():
             first = tids()
             for _ in range(20):
                 g.compute(2)
-            print(len(before), len(first), first == tids())
+            print(len(set(first) - set(before)), first == tids())     # threads that came, and stay
             started = threading.Event()
             def other():
                 started.set()
@@ -244,13 +244,14 @@ def test_computes_reuse_one_worker_and_its_thread_team():
                 g.compute(2)
                 h.compute(2)
             long.compute(2)
-            print(both == tids([str(t.native_id)]), len(both) - len(first))
+            print(both == tids([str(t.native_id)]), len(set(both) - set(first)))
     """)
     first, second = out.strip().splitlines()
-    n_before, n_first, same = first.split()
+    came, same = first.split()
     # the worker stays (with OpenMP, most builds keep its team's thread too: how many is
-    # libgomp's business); the second worker stays too
-    assert int(n_first) > int(n_before) and same == "True", out
+    # libgomp's business; and a library may end a thread of its own meanwhile, so threads
+    # that came are counted, not all threads); the second worker stays too
+    assert int(came) >= 1 and same == "True", out
     stable, more = second.split()
     assert stable == "True" and int(more) >= 1, out
 
