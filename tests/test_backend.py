@@ -260,15 +260,18 @@ def test_an_allocation_that_fails_says_what_ggml_logged(kind, capfd):
     """ggml says why an allocation failed only in its log (then returns false): pyggml
     captures the log of every guarded call, and the error carries those lines instead of
     them going to stderr apart from it."""
-    from pyggml.errors import ContextFullError
+    from pyggml.errors import ContextFullError, GGMLAbort
+    from sources import built_from_the_pin
+    # ggml 0.20.2's scheduler dereferences the buffer it failed to allocate (SIGSEGV, caught
+    # by the guard: GGMLAbort), which the pinned release does not: the log is in either error
+    raised = ContextFullError if kind == "allocator" or built_from_the_pin() else (ContextFullError, GGMLAbort)
     cpu = pyggml.Backend("CPU")          # closed by the collector, after the scheduler that uses it
     with pyggml.Context(1 << 20, no_alloc=True) as ctx:
         t = ctx.new_tensor(Type.F32, (1 << 20, 1 << 19))          # 2 TiB
         g = pyggml.Graph(ctx)
         g.build_forward_expand(pyggml.scale(ctx, t, 2.0))
         alloc = pyggml.GraphAllocator(cpu) if kind == "allocator" else pyggml.Scheduler([cpu])
-        with pytest.raises(ContextFullError, match=r"could not allocate its buffers? \(ggml logged: .*"
-                                                  r"failed to allocate buffer of size 2199023255552"):
+        with pytest.raises(raised, match=r"\(ggml logged: .*failed to allocate buffer of size 2199023255552"):
             alloc.alloc_graph(g)
     # ggml's lines went into the error, not to stderr (an ASan build's allocator warns there itself)
     assert "ggml_gallocr_reserve_n" not in capfd.readouterr().err
