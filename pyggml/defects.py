@@ -282,6 +282,19 @@ DEFECTS: tuple[Defect, ...] = (
         shown_by=("tests/test_rules_math.py::test_softplus_underflows_for_negative_inputs",),
     ),
     Defect(
+        id="unary-nan-dropped",
+        title="RELU, LEAKY_RELU, SGN, STEP and HARDSIGMOID turn NaN into a number",
+        ops=("UNARY", "LEAKY_RELU"),
+        where="ggml-cpu/unary-ops.cpp op_relu, op_sgn, op_step, op_hardsigmoid and ggml-cpu/vec.h "
+              "ggml_vec_leaky_relu_f32: (x > 0.f) ? x : 0.f and fminf/fmaxf clamps are false or pick the "
+              "number for NaN",
+        action="not refused (it depends on values): a NaN that reaches these ops becomes 0 and leaves no "
+               "trace in the result (numpy and torch keep NaN); "
+               "pyggml parity ulp counts it (NaN-)",
+        seen_in=("0.25.3",),
+        shown_by=("tests/test_ulp.py::test_relu_sgn_step_hardsigmoid_and_leaky_relu_turn_nan_into_a_number",),
+    ),
+    Defect(
         id="fattn-f16-v-accumulator",
         title="FLASH_ATTN_EXT with an F16 V accumulates in F16 even with GGML_PREC_F32",
         ops=("FLASH_ATTN_EXT",),

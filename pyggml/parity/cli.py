@@ -1,11 +1,13 @@
 """``pyggml parity``: sweep ops (and attention gradients) along independent paths and
 compare them; ``pyggml parity --model PATH``: every named node of a GGUF model's graph
 against float64; ``pyggml parity diff A B``: compare two saved sweeps; ``pyggml parity
-merge PIECE...``: the report of a sweep run in shards (``--shard I/N``)."""
+merge PIECE...``: the report of a sweep run in shards (``--shard I/N``); ``pyggml parity
+ulp``: every F16 and BF16 input (and a dense F32 sweep) of the elementwise ops, in ULPs."""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import sys
@@ -33,6 +35,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     m.add_argument("--json", metavar="F", help="write every row, the summary and the build as JSON")
     m.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     m.add_argument("--html", metavar="F", help="write a self-contained HTML report")
+    u = sub.add_parser("ulp", help="every F16 and BF16 input (and a dense F32 sweep) of the one-input "
+                                   "elementwise ops against correctly rounded results, in ULPs")
+    u.add_argument("--op", action="append", default=[], metavar="NAME|GLOB", help="ops to sweep (default: all)")
+    u.add_argument("--types", default="", help="comma-separated among F16,BF16,F32 (default: every type each takes)")
+    u.add_argument("--json", metavar="F", help="write every row with its bound and reason as JSON")
+    u.add_argument("--markdown", metavar="F", help="write the table, with the reasons, as Markdown")
     ap.add_argument("--op", action="append", default=[], metavar="NAME|GLOB",
                     help="subjects to check: an op name or glob (mul_mat, 'rope*'), 'grad:NAME', 'attention'; "
                          "repeatable; default: all")
@@ -140,6 +148,8 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             return _diff(args, ap)
         if getattr(args, "parity_cmd", None) == "merge":
             return _merge(args, ap)
+        if getattr(args, "parity_cmd", None) == "ulp":
+            return _ulp(args, ap)
         if args.model is not None:
             return _model(args, ap)
         if args.prompt is not None:
@@ -355,6 +365,40 @@ def _merge(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if not _write_reports(args, rows, meta, meta["seconds"]):
         return 2
     return 1 if any(r.verdict in BAD for r in rows) else 0
+
+
+def _ulp(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """pyggml parity ulp: exit 1 where an op's error is beyond its bound (or its NaNs
+    differ unexplained), 2 for bad arguments or an output that cannot be written."""
+    import pyggml
+    from pyggml.parity import ulp
+    why = check_outputs(args, (("--json", "json"), ("--markdown", "markdown")))
+    if why:
+        _say(f"error: {why}")
+        return 2
+    types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
+    bad = [t for t in types if t not in ("F16", "BF16", "F32")]
+    if bad:
+        ap.error(f"ulp --types: {', '.join(bad)} (F16, BF16, F32)")
+    unknown = [p for p in args.op if not any(fnmatch.fnmatchcase(o, p) for o in ulp.REFERENCES)]
+    if unknown:
+        ap.error(f"ulp --op: nothing matches {', '.join(unknown)} (ops: {', '.join(ulp.REFERENCES)})")
+    t0 = time.perf_counter()
+    rows = ulp.sweep(args.op or None, types or None)
+    print(ulp.format_table(rows))
+    beyond = [r for r in rows if not r.within]
+    print(f"\n{len(rows)} ops x types, {sum(r.inputs for r in rows)} inputs: "
+          f"{sum(r.max_ulp == 0 for r in rows)} correctly rounded everywhere, "
+          f"{sum(0 < r.max_ulp <= 1 for r in rows)} within 1 ULP, {sum(r.max_ulp > 1 for r in rows)} beyond 1 ULP, "
+          f"{len(beyond)} beyond their bound; ggml {pyggml.ggml_version()}; "
+          f"{time.perf_counter() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ggml_version": pyggml.ggml_version(), "rows": [r.as_dict() for r in rows]}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(ulp.format_markdown(rows))
+    return 1 if beyond else 0
 
 
 def _diff(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
