@@ -359,8 +359,8 @@ def _types_of(op: str) -> tuple[Type, ...]:
 def sweep(ops: Iterable[str] | None = None, types: Iterable[str] | None = None) -> list[Row]:
     """Measure every op of REFERENCES (or those matching the ``ops`` patterns) on each of
     its types (F16 and BF16 where its OpInfo lists them; F32 always) that ``types`` keeps.
-    Ops this ggml lacks are left out."""
-    from pyggml.errors import GGMLVersionError
+    Ops this ggml lacks, and types its kernel refuses (an older release's), are left out."""
+    from pyggml.errors import GGMLError, GGMLVersionError
     pats = list(ops) if ops else ["*"]
     keep = {s.upper() for s in types} if types else None
     rows = []
@@ -372,8 +372,10 @@ def sweep(ops: Iterable[str] | None = None, types: Iterable[str] | None = None) 
                 continue
             try:
                 rows.append(measure(op, t))
-            except GGMLVersionError:
+            except GGMLVersionError:        # the op is not in this ggml
                 break
+            except GGMLError:               # the type is refused by this ggml's kernel (its rule says why)
+                continue
     return rows
 
 
