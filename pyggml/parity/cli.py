@@ -18,7 +18,8 @@ from pyggml.parity.model import BAD, Case
 
 __all__ = ["add_arguments", "main"]
 
-KNOWN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch")   # and the registered ones
+KNOWN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch", "batched",
+               "per-item")   # and the registered ones
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -88,6 +88,7 @@ class Subject:
     ``compute(case, path, n_threads)`` an :class:`Outcome` (``n_threads``: for ggml's
                   paths; others may ignore it);
     ``tolerance(case, a, b)`` the NMSE bound between paths a and b on a case;
+    ``compares(a, b)`` whether a row compares paths a and b (all pairs by default);
     ``repro(case)`` Python source that rebuilds the case standalone.
     """
 
@@ -103,6 +104,10 @@ class Subject:
 
     def tolerance(self, case: Case, a: str, b: str) -> float:
         return 1e-7 if b == "reference" else (2 * math.sqrt(1e-7)) ** 2
+
+    def compares(self, a: str, b: str) -> bool:
+        """Whether paths a and b compute the same thing (every pair does, by default)."""
+        return True
 
     def repro(self, case: Case) -> str:
         return ""

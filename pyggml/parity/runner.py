@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from pyggml.parity.model import BAD, Case, Outcome, Row, compare_outputs
+from pyggml.parity.model import BAD, Case, Outcome, Row, Subject, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
 __all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "parse_shard", "run_cases", "select",
@@ -77,7 +77,7 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
             outs[p] = Outcome(verdict="error", detail=f"{type(e).__name__}: {e}")
     rows = []
     repro = ""
-    for a, b in _pairs(names):
+    for a, b in _pairs(names, s):
         oa, ob = outs[a], outs[b]
         tol = s.tolerance(case, a, b)
         bad = next((o for o in (oa, ob) if o.verdict != "ok"), None)
@@ -100,9 +100,11 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
     return rows, arrays
 
 
-def _pairs(names: list[str]) -> list[tuple[str, str]]:
+def _pairs(names: list[str], s: Subject | None = None) -> list[tuple[str, str]]:
     out = []
     for a, b in itertools.combinations(names, 2):
+        if s is not None and not s.compares(a, b):
+            continue
         if a == "reference":
             a, b = b, a
         out.append((a, b))
@@ -111,13 +113,14 @@ def _pairs(names: list[str]) -> list[tuple[str, str]]:
 
 def _crash_rows(case: Case, paths: Iterable[str] | None, verdict: str, detail: str, probe: bool) -> list[Row]:
     try:
-        s = all_subjects(probe)[case.subject]
+        s: Subject | None = all_subjects(probe)[case.subject]
+        assert s is not None
         names = [p for p in s.paths if paths is None or p in paths]
         repro = s.repro(case)
         op = s.op
     except Exception:                    # the subject itself is unknown here
-        names, repro, op = ["?", "?"], "", case.subject
-    pairs = _pairs(names) or [(names[0], names[0])]
+        s, names, repro, op = None, ["?", "?"], "", case.subject
+    pairs = _pairs(names, s) or [(names[0], names[0])]
     return [Row(case.subject, op, case.label, case.type, case.index, case.seed, a, b, None, None, None,
                 verdict, detail, repro) for a, b in pairs]
 

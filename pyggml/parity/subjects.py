@@ -17,12 +17,14 @@ from pyggml import Type
 from pyggml.errors import ArgumentError, GGMLError, GGMLVersionError, UnsupportedOpError, UpstreamDefect
 from pyggml.opinfo import Arg, OpInfo, Sample, registry
 from pyggml.opinfo import harness
-from pyggml.parity import torch_ops
+from pyggml.parity import relations, torch_ops
 from pyggml.parity.model import Case, Outcome, Subject
 
 __all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "path_names", "register_path",
            "register_subject", "subject"]
 
+# the batch relation (pyggml.parity.relations): a batch in one graph, and its items one by one
+RELATION_PATHS = ("batched", "per-item")
 GRAD_SAMPLES = 3          # gradient checks per op: the first few F32 contiguous samples, as the tests
 
 
@@ -55,7 +57,8 @@ class OpSubject(Subject):
         self.op = info.op
         self.probe = probe
         self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") + device_paths() +
-                               (("torch",) if torch_ops.has(info.op) else ()))
+                               (("torch",) if torch_ops.has(info.op) else ()) +
+                               (RELATION_PATHS if info.op in relations.BATCH else ()))
 
     @property
     def paths(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -85,7 +88,27 @@ class OpSubject(Subject):
             got.arrays = [self.info.canon(np.asarray(a)) for a in got.arrays]
         return got
 
+    def compares(self, a: str, b: str) -> bool:
+        # a relation's two paths compute another input (a batch): compared with each other only
+        return (a in RELATION_PATHS) == (b in RELATION_PATHS)
+
+    def _relation(self, case: Case, path: str, n_threads: int) -> Outcome:
+        pair = relations.batch_pair(self.info, self.sample(case), case.seed)
+        if isinstance(pair, str):
+            return Outcome(verdict="skipped", detail=f"{path}: {pair}")
+        whole, items = pair
+        try:
+            if path == "batched":
+                out, _ = harness.compute(self.info, whole, n_threads)
+                return Outcome([relations.as_four(out)])
+            outs = [harness.compute(self.info, one, n_threads)[0] for one in items]
+        except GGMLError as e:
+            return _outcome_of(e)
+        return Outcome([relations.stack_results(self.op, outs, items)])
+
     def _compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
+        if path in RELATION_PATHS:
+            return self._relation(case, path, n_threads)
         s = self.sample(case)
         try:
             if path in _USER_PATHS:
@@ -134,8 +157,8 @@ class OpSubject(Subject):
         return Outcome([out])
 
     def tolerance(self, case: Case, a: str, b: str) -> float:
-        if self.info.exact or {a, b} == {"ggml", "cpu-backend"}:
-            return 0.0          # the same kernels on the same inputs: the same bits
+        if self.info.exact or {a, b} == {"ggml", "cpu-backend"} or {a, b} == set(RELATION_PATHS):
+            return 0.0          # the same kernels on the same inputs (rows): the same bits
         tol = self.info.tolerance(Type[case.type])
         return tol if b == "reference" else (2 * math.sqrt(tol)) ** 2
 
@@ -266,7 +289,7 @@ class AttentionSubject(Subject):
 
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
-BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch")
+BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch") + RELATION_PATHS
 
 
 @functools.lru_cache(maxsize=4)

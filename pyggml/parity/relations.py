@@ -1,0 +1,143 @@
+"""Metamorphic relations: two ggml computations that must agree whatever the reference says.
+
+*Batch*: an op that treats the items of a batch independently gives, on a batch, what
+it gives on each item alone (then stacked). Three of ggml's recorded defects break this
+relation (``conv-1d-batch-layout``, ``conv-transpose-2d-batch``, FLASH_ATTN_BACK's
+``fab-batch-gqa-oob``), and a float64 reference catches them only when a sample has a
+batch. Here every sample of an op in ``BATCH`` gets one: where its batched tensors hold
+one item, two more items (its own values, shuffled) are stacked onto it; where they hold
+several, they are split. The sweep's ``batched`` path computes the whole batch in one
+graph, ``per-item`` each item in its own graph, and the two must agree bit for bit (the
+same kernel over the same rows).
+
+``BATCH`` says, per op, which ggml dimension of each tensor argument is the batch
+(``None``: the argument is shared by every item, e.g. a convolution's kernel) and which
+dimension of the result. An argument whose batch dimension is 1 is broadcast over the
+batch and passed whole to every item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+import pyggml
+from pyggml.opinfo import Arg, OpInfo, Sample
+
+__all__ = ["BATCH", "JOINED", "batch_pair", "stack_results"]
+
+JOINED = 3          # the items of a batch made from a one-item sample: it, and two shuffles of it
+
+def _stack_fab(results: list[np.ndarray], items: list[Sample]) -> np.ndarray:
+    """FLASH_ATTN_BACK's result packs grad_q, grad_k and grad_v (each padded to 16 bytes):
+    the batch's is each gradient's items one after the other (ne3 is the outermost), packed."""
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for r, one in zip(results, items):
+        flat, at = np.asarray(r).reshape(-1), 0
+        for j in range(3):
+            n = np.asarray(one.args[j].value).size
+            parts[j].append(flat[at:at + n])
+            at += n + (-n % 4)
+    out = [np.concatenate(p) for p in parts]
+    return as_four(np.concatenate([np.pad(p, (0, -p.size % 4)) for p in out]))
+
+
+# op -> (the batch's ggml dimension in each positional argument, None where it is shared;
+#        the batch's ggml dimension in the result, or how to stack the items' results)
+Stack = Callable[[list[np.ndarray], list[Sample]], np.ndarray]
+BATCH: dict[str, tuple[tuple[int | None, ...], int | Stack]] = {
+    # the convolutions: the kernel is shared, the data's last dimension is the batch
+    "conv_1d": ((None, 2), 2),                  # b [L, IC, N] -> [OL, OC, N]
+    "conv_1d_ph": ((None, 2), 2),
+    "conv_2d": ((None, 3), 3),                  # b [W, H, IC, N] -> [OW, OH, OC, N]
+    "conv_2d_dw": ((None, 3), 3),
+    "conv_transpose_2d_p0": ((None, 3), 3),
+    "pool_2d": ((3,), 3),                       # [W, H, C, N]
+    # matrices, normalisations, attention: dimension 3 (a broadcast operand has 1 there)
+    "mul_mat": ((3, 3), 3),
+    "soft_max_ext": ((3, 3), 3),                # a, mask
+    "norm": ((3,), 3),
+    "rms_norm": ((3,), 3),
+    "rope": ((3, None), 3),                     # positions are per token, shared by the batch
+    "flash_attn_ext": ((3, 3, 3, 3), 3),        # q, k, v, mask -> [D, H, N, B]
+    "add": ((3, 3), 3),
+    "mul": ((3, 3), 3),
+    "flash_attn_back": ((3, 3, 3, 3), _stack_fab),   # q, k, v, d: one packed result
+}
+
+
+def _axis(arr: np.ndarray, dim: int) -> int | None:
+    """The numpy axis of ggml dimension ``dim`` of an array in numpy order (None: the
+    array has fewer dimensions, so its size there is 1)."""
+    return arr.ndim - 1 - dim if dim < arr.ndim else None
+
+
+def _size(arr: np.ndarray, dim: int) -> int:
+    ax = _axis(arr, dim)
+    return 1 if ax is None else arr.shape[ax]
+
+
+def _with_value(a: Arg, v: np.ndarray) -> Arg:
+    return dataclasses.replace(a, value=v)
+
+
+def _shuffled(v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return rng.permutation(v.reshape(-1)).reshape(v.shape)
+
+
+def batch_pair(info: OpInfo, sample: Sample, seed: int) -> tuple[Sample, list[Sample]] | str:
+    """(the whole batch as one sample, its items as samples) for ``sample`` of ``info``'s op,
+    or why the relation does not apply to it (a string)."""
+    spec = BATCH.get(info.op)
+    if spec is None:
+        return f"{info.op} has no batch dimension declared (pyggml.parity.relations.BATCH)"
+    dims, _ = spec
+    batched = [(i, a, dims[i]) for i, a in enumerate(sample.args)
+               if isinstance(a, Arg) and i < len(dims) and dims[i] is not None]
+    if not batched:
+        return "no argument of this sample is batched"
+    if any(isinstance(a, pyggml.Tensor) for a in sample.args):
+        return "the sample passes a ready tensor of a context pool"
+    sizes = {_size(np.asarray(a.value), d) for _, a, d in batched} - {1}
+    if len(sizes) > 1:
+        return f"the batched arguments hold batches of {sorted(sizes)} (broadcast by a factor): not split"
+    rng = np.random.default_rng([seed, 0xBA7C])
+    args = list(sample.args)
+    if not sizes:                           # one item: stack two shuffles of it onto it
+        n = JOINED
+        for i, a, d in batched:
+            v = np.asarray(a.value)
+            if v.ndim <= d:
+                v = v.reshape((1,) * (d + 1 - v.ndim) + v.shape)
+            items = [v] + [_shuffled(v, rng) for _ in range(n - 1)]
+            args[i] = _with_value(a, np.concatenate(items, axis=_axis(v, d)))
+        whole = Sample(tuple(args), f"{sample.name}, {n} items stacked")
+    else:
+        n = sizes.pop()
+        whole = sample
+    items = []
+    for k in range(n):
+        one = list(whole.args)
+        for i, a, d in batched:
+            v = np.asarray(whole.args[i].value)
+            if _size(v, d) == n:
+                one[i] = _with_value(a, np.take(v, [k], axis=_axis(v, d)))
+        items.append(Sample(tuple(one), f"{whole.name}, item {k}"))
+    return whole, items
+
+
+def stack_results(op: str, results: list[np.ndarray], items: list[Sample]) -> np.ndarray:
+    """The items' results stacked along the result's batch dimension, as a 4-d array in
+    numpy order (the batch's result, as ``as_four`` gives it)."""
+    dim = BATCH[op][1]
+    if callable(dim):
+        return dim(results, items)
+    four = [np.asarray(r).reshape((1,) * (4 - np.ndim(r)) + np.shape(r)) for r in results]
+    return np.concatenate(four, axis=3 - dim)
+
+
+def as_four(arr: Any) -> np.ndarray:
+    a = np.asarray(arr)
+    return a.reshape((1,) * (4 - a.ndim) + a.shape)

@@ -1,0 +1,105 @@
+"""The batch relation of the parity sweep (pyggml.parity.relations): a batch computed in one
+graph equals its items computed one by one, bit for bit; it needs no reference, and it
+finds ggml's batch defects with pyggml's rules off, on samples that hold no batch."""
+
+import numpy as np
+import pytest
+
+import pyggml
+from pyggml import Type, parity
+from pyggml.defects import present
+from pyggml.opinfo import Arg, registry
+from pyggml.opinfo import harness
+from pyggml.parity import relations
+from pyggml.parity.model import compare_outputs
+
+
+def test_every_op_of_the_batch_table_is_a_registry_op_whose_arguments_it_fits():
+    reg = registry()
+    for op, (dims, _) in relations.BATCH.items():
+        info = reg[op]
+        s = next(iter(info.samples(np.random.default_rng(0), info.types[0])))
+        assert len(dims) <= len(s.args), op
+        for d, a in zip(dims, s.args):
+            assert d is None or a is None or (isinstance(a, Arg) and 0 <= d <= 3), (op, d, a)
+
+
+def test_a_one_item_sample_becomes_a_batch_of_it_and_two_shuffles():
+    info = registry()["conv_2d"]
+    s = next(iter(info.samples(np.random.default_rng(3), Type.F32)))
+    whole, items = relations.batch_pair(info, s, seed=5)
+    b = np.asarray(s.args[1].value)
+    assert np.asarray(whole.args[1].value).shape == (3,) + b.shape[1:] and b.shape[0] == 1
+    assert np.array_equal(items[0].args[1].value, b)                        # the sample itself first
+    assert sorted(np.asarray(items[2].args[1].value).ravel()) == sorted(b.ravel())   # a shuffle of it
+    assert not np.array_equal(items[2].args[1].value, b)
+    assert all(one.args[0] is s.args[0] for one in items)                  # the kernel is shared
+    again, _ = relations.batch_pair(info, s, seed=5)
+    assert np.array_equal(again.args[1].value, whole.args[1].value)        # seeded
+
+
+def test_a_sample_with_a_batch_is_split_and_a_broadcast_operand_passed_whole():
+    info = registry()["mul_mat"]
+    a = Arg(np.arange(24.0).reshape(1, 1, 4, 6))            # ne3 = 1: broadcast over the batch
+    b = Arg(np.arange(36.0).reshape(3, 1, 2, 6))            # a batch of 3
+    from pyggml.opinfo import Sample
+    whole, items = relations.batch_pair(info, Sample((a, b), "m"), seed=0)
+    assert whole.args[1] is b and len(items) == 3
+    assert [one.args[0] is a for one in items] == [True] * 3
+    assert np.array_equal(items[1].args[1].value, np.arange(36.0).reshape(3, 1, 2, 6)[1:2])
+    odd = Sample((Arg(np.zeros((2, 1, 4, 6))), b), "2 against 3")
+    assert "not split" in relations.batch_pair(info, odd, seed=0)
+
+
+def test_batched_and_per_item_agree_bit_for_bit_on_every_op_of_the_table():
+    rows = parity.check([f"op:{op}" for op in relations.BATCH], paths=["batched", "per-item"])
+    assert {(r.a, r.b) for r in rows} == {("batched", "per-item")}
+    ok = [r for r in rows if r.verdict == "ok"]
+    assert len(ok) > 400 and all(r.nmse == 0.0 and r.tol == 0.0 for r in ok)
+    others = [r for r in rows if r.verdict != "ok"]
+    assert all(r.verdict == "refused" and r.defect for r in others), {(r.op, r.verdict, r.detail[:80]) for r in others}
+    # the relation exposes conv_1d's batch defect on samples that hold one item
+    assert {r.defect for r in others if r.op == "conv_1d"} == {"conv-1d-batch-layout"}
+
+
+def test_the_relation_rows_are_compared_with_each_other_only():
+    rows = parity.check("op:rms_norm", quick=True)
+    pairs = {(r.a, r.b) for r in rows}
+    assert ("batched", "per-item") in pairs
+    assert not any(("batched" in p or "per-item" in p) and p != ("batched", "per-item") for p in pairs)
+    assert ("ggml", "reference") in pairs
+
+
+def _relation_with_rules_off(op: str, pick) -> tuple[float, str]:
+    """NMSE between the batch and its items computed with pyggml's rules off (ggml's own
+    kernels on the input a rule refuses), or the verdict that stopped it."""
+    info = registry()[op]
+    s = next(x for x in info.samples(np.random.default_rng(0), Type.F32) if pick(x))
+    whole, items = relations.batch_pair(info, s, seed=0)
+    with harness.rules_disabled():
+        try:
+            got = relations.as_four(harness.compute(info, whole)[0])
+        except pyggml.UpstreamDefect as e:
+            return np.inf, e.defect
+    per = relations.stack_results(op, [harness.compute(info, one)[0] for one in items], items)
+    ref = relations.as_four(harness.reference(info, whole))
+    assert compare_outputs([per], [ref])[0] < 1e-6            # the items are right: the batch is wrong
+    return compare_outputs([got], [per])[0], ""
+
+
+def test_the_relation_finds_the_batch_defects_with_the_rules_off():
+    """With the rules that refuse them off, the three recorded batch defects break the
+    relation on samples of one item: conv_1d's scramble, conv_transpose_2d's zero batches
+    (where the linked ggml has it) and FLASH_ATTN_BACK's batch + GQA (whose writes past its
+    result the guarded run catches first)."""
+    err, _ = _relation_with_rules_off("conv_1d", lambda s: True)
+    assert err > 0.1
+    err, _ = _relation_with_rules_off("conv_transpose_2d_p0", lambda s: np.asarray(s.args[1].value).shape[0] == 1)
+    if present("conv-transpose-2d-batch"):
+        assert err > 0.1
+    else:
+        assert err == 0.0
+    if not pyggml.build_info()["features"]["flash_attn_back"]:
+        pytest.skip("this build has no FLASH_ATTN_BACK")
+    err, verdict = _relation_with_rules_off("flash_attn_back", lambda s: "H=4 KVH=2" in s.name)
+    assert err > 0.1 and verdict in ("kernel-out-of-bounds", "")
