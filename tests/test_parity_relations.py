@@ -103,3 +103,20 @@ def test_the_relation_finds_the_batch_defects_with_the_rules_off():
         pytest.skip("this build has no FLASH_ATTN_BACK")
     err, verdict = _relation_with_rules_off("flash_attn_back", lambda s: "H=4 KVH=2" in s.name)
     assert err > 0.1 and verdict in ("kernel-out-of-bounds", "")
+
+
+def test_every_op_is_the_same_bits_on_one_thread_and_on_three_but_those_that_sum_per_thread(monkeypatch):
+    """The threads path: ggml's kernels give each result element to one thread, so the
+    count changes no bit, but for the two ops that sum per-thread partials; without their
+    entries those rows fail (the relation can fail, and these are the ops it fails on)."""
+    rows = parity.check(["op:cross_entropy_loss", "op:flash_attn_ext", "op:mul_mat", "op:soft_max_ext"],
+                        paths=["ggml", "threads"])
+    assert {(r.a, r.b) for r in rows} == {("ggml", "threads")}
+    assert all(r.verdict in ("ok", "refused") for r in rows)
+    exact = [r for r in rows if r.verdict == "ok" and r.op in ("mul_mat", "soft_max_ext")]
+    assert len(exact) > 50 and all(r.nmse == 0.0 and r.tol == 0.0 for r in exact)
+    monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_THREADS", {})
+    rows = parity.check(["op:cross_entropy_loss", "op:flash_attn_ext"], paths=["ggml", "threads"])
+    failed = {(r.op, r.case) for r in rows if r.verdict == "fail"}
+    assert ("cross_entropy_loss", "F32 labels not normalized") in failed
+    assert ("flash_attn_ext", "F32 split-KV path: 512 keys") in failed

@@ -58,7 +58,7 @@ class OpSubject(Subject):
         self.probe = probe
         self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") + device_paths() +
                                (("torch",) if torch_ops.has(info.op) else ()) +
-                               (RELATION_PATHS if info.op in relations.BATCH else ()))
+                               (RELATION_PATHS if info.op in relations.BATCH else ()) + ("threads",))
 
     @property
     def paths(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -89,7 +89,10 @@ class OpSubject(Subject):
         return got
 
     def compares(self, a: str, b: str) -> bool:
-        # a relation's two paths compute another input (a batch): compared with each other only
+        # a relation's two paths compute another input (a batch): compared with each other only;
+        # the threads path, with ggml's own
+        if "threads" in (a, b):
+            return {a, b} == {"ggml", "threads"}
         return (a in RELATION_PATHS) == (b in RELATION_PATHS)
 
     def _relation(self, case: Case, path: str, n_threads: int) -> Outcome:
@@ -109,6 +112,8 @@ class OpSubject(Subject):
     def _compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         if path in RELATION_PATHS:
             return self._relation(case, path, n_threads)
+        if path == "threads":
+            n_threads = relations.other_threads(n_threads)
         s = self.sample(case)
         try:
             if path in _USER_PATHS:
@@ -157,6 +162,8 @@ class OpSubject(Subject):
         return Outcome([out])
 
     def tolerance(self, case: Case, a: str, b: str) -> float:
+        if {a, b} == {"ggml", "threads"}:
+            return relations.threads_tolerance(self.op, case.type)
         if self.info.exact or {a, b} == {"ggml", "cpu-backend"} or {a, b} == set(RELATION_PATHS):
             return 0.0          # the same kernels on the same inputs (rows): the same bits
         tol = self.info.tolerance(Type[case.type])
@@ -289,7 +296,7 @@ class AttentionSubject(Subject):
 
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
-BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch") + RELATION_PATHS
+BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch", "threads") + RELATION_PATHS
 
 
 @functools.lru_cache(maxsize=4)
