@@ -120,3 +120,21 @@ def test_every_op_is_the_same_bits_on_one_thread_and_on_three_but_those_that_sum
     failed = {(r.op, r.case) for r in rows if r.verdict == "fail"}
     assert ("cross_entropy_loss", "F32 labels not normalized") in failed
     assert ("flash_attn_ext", "F32 split-KV path: 512 keys") in failed
+
+
+def test_views_and_their_contiguous_copies_and_in_place_twins_give_the_same_bits(monkeypatch):
+    """The contiguous path (every argument made contiguous, same values) and the inplace
+    path (the op's _inplace twin) against ggml: bit for bit, but norm on transposed rows,
+    whose kernel sums them in another order (without its entry, those rows fail)."""
+    rows = parity.check(["op:norm", "op:rms_norm", "op:mul_mat", "op:add", "op:rope"],
+                        paths=["ggml", "contiguous", "inplace"])
+    assert {(r.a, r.b) for r in rows} == {("ggml", "contiguous"), ("ggml", "inplace")}
+    assert {r.op for r in rows if r.b == "inplace"} == {"norm", "rms_norm", "add", "rope"}    # mul_mat has none
+    assert all(r.verdict in ("ok", "refused") for r in rows), [r.detail for r in rows if r.verdict != "ok"]
+    assert sum(r.verdict == "ok" and r.nmse == 0.0 for r in rows) > 100
+    # a case with only contiguous arguments has no contiguous row
+    cases = {r.case for r in rows if r.b == "contiguous"}
+    assert cases and all("contiguous (" not in c for c in cases)
+    monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_LAYOUTS", {})
+    rows = parity.check("op:norm", paths=["ggml", "contiguous"])
+    assert {r.case for r in rows if r.verdict == "fail"} == {"F32 transposed (5, 4) eps=1e-05", "F32 transposed (5, 4) eps=0"}

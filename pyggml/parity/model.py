@@ -18,7 +18,7 @@ import numpy as np
 
 from pyggml.opinfo.harness import nmse
 
-__all__ = ["Case", "Outcome", "Row", "Subject", "VERDICTS", "compare_outputs", "nmse"]
+__all__ = ["BAD", "NOT_APPLICABLE", "Case", "Outcome", "Row", "Subject", "VERDICTS", "compare_outputs", "nmse"]
 
 # ok: within tolerance; fail: beyond it (or a declared defect that did not show);
 # refused: pyggml refused the case for a known upstream defect (a reported gap);
@@ -27,6 +27,9 @@ __all__ = ["Case", "Outcome", "Row", "Subject", "VERDICTS", "compare_outputs", "
 # skipped: a path this ggml (or this machine) cannot run the case on.
 VERDICTS = ("ok", "fail", "refused", "oob", "crashed", "timeout", "error", "skipped")
 BAD = frozenset({"fail", "oob", "crashed", "timeout", "error"})
+# an Outcome's verdict (never a row's) for a path that does not apply to the case (a
+# relation whose input the case lacks, e.g. no non-contiguous argument): its pairs give no row
+NOT_APPLICABLE = "n/a"
 
 
 @dataclasses.dataclass(frozen=True)

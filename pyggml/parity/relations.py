@@ -26,8 +26,9 @@ import numpy as np
 import pyggml
 from pyggml.opinfo import Arg, OpInfo, Sample
 
-__all__ = ["BATCH", "JOINED", "NOT_BITWISE_ACROSS_THREADS", "THREADS", "as_four", "batch_pair", "other_threads",
-           "stack_results", "threads_tolerance"]
+__all__ = ["BATCH", "JOINED", "NOT_BITWISE_ACROSS_LAYOUTS", "NOT_BITWISE_ACROSS_THREADS", "THREADS", "as_four",
+           "batch_pair", "contiguous", "contiguous_tolerance", "inplace_twin", "other_threads", "stack_results",
+           "threads_tolerance"]
 
 # *Threads*: ggml's CPU kernels split a node's rows (or blocks) over its threads; each result
 # element is computed by one thread, in the same order whatever their count, so the result
@@ -44,6 +45,38 @@ NOT_BITWISE_ACROSS_THREADS: dict[str, tuple[float, str]] = {
                               "into one chunk per thread and the chunks' softmax partials merged, so the chunk "
                               "bounds follow the count (NMSE 4.2e-13 between 1 and 3 threads on 512 keys)"),
 }
+
+
+# *Layout*: a sample whose tensors are views (transposed, permuted, strided) gives what the
+# same values give as contiguous tensors. The ``contiguous`` path computes that and is
+# compared with ``ggml``: bit for bit, but for the ops of NOT_BITWISE_ACROSS_LAYOUTS.
+NOT_BITWISE_ACROSS_LAYOUTS: dict[str, tuple[float, str]] = {
+    "norm": (1e-12, "rows whose elements are not adjacent (nb[0] != 4: a transposed tensor) take the kernel's "
+                    "scalar loop, contiguous ones ggml_vec_sum_f32 and ggml_vec_cvar_f32 (ops.cpp "
+                    "ggml_compute_forward_norm_f32): another order of the sums (NMSE 5.5e-15 on 4 rows of 5)"),
+}
+
+
+def contiguous(sample: Sample) -> Sample | None:
+    """The sample with every tensor argument contiguous (the same values), or None where
+    they all are already."""
+    if not any(isinstance(a, Arg) and a.layout != "contiguous" for a in sample.args):
+        return None
+    args = tuple(dataclasses.replace(a, layout="contiguous", perm=(0, 1, 2, 3)) if isinstance(a, Arg) else a
+                 for a in sample.args)
+    return Sample(args, f"{sample.name}, contiguous")       # (a defect of the views may not be one of these)
+
+
+def contiguous_tolerance(op: str) -> float:
+    return NOT_BITWISE_ACROSS_LAYOUTS.get(op, (0.0, ""))[0]
+
+
+def inplace_twin(op: str) -> str:
+    """The name of op's in-place variant in the registry ("" where it has none): the
+    ``inplace`` path computes the sample with it, compared with ``ggml`` bit for bit."""
+    from pyggml.opinfo import registry
+    twin = f"{op}_inplace"
+    return twin if not op.endswith("_inplace") and twin in registry() else ""
 
 
 def other_threads(n_threads: int) -> int:

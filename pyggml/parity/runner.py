@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from pyggml.parity.model import BAD, Case, Outcome, Row, Subject, compare_outputs
+from pyggml.parity.model import BAD, NOT_APPLICABLE, Case, Outcome, Row, Subject, compare_outputs
 from pyggml.parity.subjects import all_subjects
 
 __all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "parse_shard", "run_cases", "select",
@@ -79,6 +79,8 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
     repro = ""
     for a, b in _pairs(names, s):
         oa, ob = outs[a], outs[b]
+        if NOT_APPLICABLE in (oa.verdict, ob.verdict):
+            continue            # a relation that does not apply to this case: no row
         tol = s.tolerance(case, a, b)
         bad = next((o for o in (oa, ob) if o.verdict != "ok"), None)
         if bad is not None:

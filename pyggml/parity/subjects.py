@@ -18,13 +18,15 @@ from pyggml.errors import ArgumentError, GGMLError, GGMLVersionError, Unsupporte
 from pyggml.opinfo import Arg, OpInfo, Sample, registry
 from pyggml.opinfo import harness
 from pyggml.parity import relations, torch_ops
-from pyggml.parity.model import Case, Outcome, Subject
+from pyggml.parity.model import NOT_APPLICABLE, Case, Outcome, Subject
 
 __all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "path_names", "register_path",
            "register_subject", "subject"]
 
 # the batch relation (pyggml.parity.relations): a batch in one graph, and its items one by one
 RELATION_PATHS = ("batched", "per-item")
+# relations of a path with ggml's own result: on 3 threads, in place, every argument contiguous
+SELF_RELATIONS = ("threads", "inplace", "contiguous")
 GRAD_SAMPLES = 3          # gradient checks per op: the first few F32 contiguous samples, as the tests
 
 
@@ -58,7 +60,8 @@ class OpSubject(Subject):
         self.probe = probe
         self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") + device_paths() +
                                (("torch",) if torch_ops.has(info.op) else ()) +
-                               (RELATION_PATHS if info.op in relations.BATCH else ()) + ("threads",))
+                               (RELATION_PATHS if info.op in relations.BATCH else ()) + ("threads",) +
+                               (("inplace",) if relations.inplace_twin(info.op) else ()) + ("contiguous",))
 
     @property
     def paths(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -91,8 +94,9 @@ class OpSubject(Subject):
     def compares(self, a: str, b: str) -> bool:
         # a relation's two paths compute another input (a batch): compared with each other only;
         # the threads path, with ggml's own
-        if "threads" in (a, b):
-            return {a, b} == {"ggml", "threads"}
+        for rel in SELF_RELATIONS:
+            if rel in (a, b):
+                return {a, b} == {"ggml", rel}
         return (a in RELATION_PATHS) == (b in RELATION_PATHS)
 
     def _relation(self, case: Case, path: str, n_threads: int) -> Outcome:
@@ -112,9 +116,16 @@ class OpSubject(Subject):
     def _compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         if path in RELATION_PATHS:
             return self._relation(case, path, n_threads)
+        s = self.sample(case)
         if path == "threads":
             n_threads = relations.other_threads(n_threads)
-        s = self.sample(case)
+        elif path == "contiguous":
+            s = relations.contiguous(s)
+            if s is None:
+                return Outcome(verdict=NOT_APPLICABLE)
+        info = self.info
+        if path == "inplace":
+            info = registry()[relations.inplace_twin(self.op)]
         try:
             if path in _USER_PATHS:
                 from pyggml.opinfo.train import reset
@@ -150,7 +161,7 @@ class OpSubject(Subject):
                     return Outcome([torch_ops.run(self.op, harness._ref_args(s))])
                 except Exception as e:      # a sample our torch one-liner does not cover (torch's error)
                     return Outcome(verdict="skipped", detail=f"torch: {type(e).__name__}: {str(e)[:200]}")
-            out, _ = harness.compute(self.info, s, n_threads, use_ref=(path == "ggml-ref"),
+            out, _ = harness.compute(info, s, n_threads, use_ref=(path == "ggml-ref"),
                                      prove=self.probe and path == "ggml")
         except GGMLError as e:
             got = _outcome_of(e)
@@ -164,6 +175,10 @@ class OpSubject(Subject):
     def tolerance(self, case: Case, a: str, b: str) -> float:
         if {a, b} == {"ggml", "threads"}:
             return relations.threads_tolerance(self.op, case.type)
+        if {a, b} == {"ggml", "contiguous"}:
+            return relations.contiguous_tolerance(self.op)
+        if {a, b} == {"ggml", "inplace"}:
+            return 0.0          # the same kernel writing into its input's memory
         if self.info.exact or {a, b} == {"ggml", "cpu-backend"} or {a, b} == set(RELATION_PATHS):
             return 0.0          # the same kernels on the same inputs (rows): the same bits
         tol = self.info.tolerance(Type[case.type])
@@ -296,7 +311,8 @@ class AttentionSubject(Subject):
 
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
-BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch", "threads") + RELATION_PATHS
+BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch") + SELF_RELATIONS + \
+    RELATION_PATHS
 
 
 @functools.lru_cache(maxsize=4)
