@@ -138,3 +138,18 @@ def test_views_and_their_contiguous_copies_and_in_place_twins_give_the_same_bits
     monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_LAYOUTS", {})
     rows = parity.check("op:norm", paths=["ggml", "contiguous"])
     assert {r.case for r in rows if r.verdict == "fail"} == {"F32 transposed (5, 4) eps=1e-05", "F32 transposed (5, 4) eps=0"}
+
+
+def test_a_broadcast_operand_gives_what_it_gives_repeated_and_the_mapping_matters(monkeypatch):
+    """The repeated path: mul_mat's broadcast a and attention's GQA k, v repeated to full
+    size (head h takes h // factor, as ggml maps heads), bit for bit; repeated the other
+    way (np.tile: head h takes h % heads) the GQA cases fail, so the relation sees it."""
+    rows = parity.check(["op:flash_attn_ext", "op:mul_mat"], paths=["ggml", "repeated"])
+    assert {(r.a, r.b) for r in rows} == {("ggml", "repeated")}
+    assert all(r.verdict == "ok" and r.nmse == 0.0 for r in rows)
+    gqa = {r.case for r in rows if r.op == "flash_attn_ext"}
+    assert "F32 GQA 4 q heads on 2, DV != DK" in gqa and "F32 2 heads, no mask" not in gqa   # nothing to repeat
+    assert any(r.op == "mul_mat" for r in rows)
+    monkeypatch.setattr(np, "repeat", lambda v, k, axis: np.tile(v, [k if i == axis else 1 for i in range(v.ndim)]))
+    rows = parity.check("op:flash_attn_ext", paths=["ggml", "repeated"], types=["F32"])
+    assert "F32 GQA 4 q heads on 2, DV != DK" in {r.case for r in rows if r.verdict == "fail"}

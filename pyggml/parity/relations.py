@@ -27,7 +27,7 @@ import pyggml
 from pyggml.opinfo import Arg, OpInfo, Sample
 
 __all__ = ["BATCH", "JOINED", "NOT_BITWISE_ACROSS_LAYOUTS", "NOT_BITWISE_ACROSS_THREADS", "THREADS", "as_four",
-           "batch_pair", "contiguous", "contiguous_tolerance", "inplace_twin", "other_threads", "stack_results",
+           "BROADCAST", "batch_pair", "contiguous", "repeated", "contiguous_tolerance", "inplace_twin", "other_threads", "stack_results",
            "threads_tolerance"]
 
 # *Threads*: ggml's CPU kernels split a node's rows (or blocks) over its threads; each result
@@ -77,6 +77,39 @@ def inplace_twin(op: str) -> str:
     from pyggml.opinfo import registry
     twin = f"{op}_inplace"
     return twin if not op.endswith("_inplace") and twin in registry() else ""
+
+
+# *Broadcast*: an operand that ggml broadcasts (mul_mat's a over b's dims 2 and 3; attention's
+# k and v over q's heads: GQA) gives what it gives repeated to full size, head h taking
+# the broadcast operand's h // (its factor), as ggml maps them. The ``repeated`` path computes
+# the sample with those operands repeated (np.repeat), compared with ``ggml`` bit for bit.
+# op -> [(the broadcast argument, the argument whose sizes it is repeated to, ggml dims)]
+BROADCAST: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {
+    "mul_mat": [(0, 1, (2, 3))],
+    "flash_attn_ext": [(1, 0, (2,)), (2, 0, (2,))],
+}
+
+
+def repeated(op: str, sample: Sample) -> Sample | None:
+    """The sample with each broadcast operand of ``op`` repeated to its full size, or None
+    where none is broadcast (or the op has none)."""
+    args = list(sample.args)
+    changed = False
+    for i, j, dims in BROADCAST.get(op, []):
+        a, full = args[i], sample.args[j]
+        if not isinstance(a, Arg) or not isinstance(full, Arg):
+            continue
+        v, target = np.asarray(a.value), np.asarray(full.value)
+        for d in dims:
+            n, m = _size(v, d), _size(target, d)
+            if n == m or m % n:
+                continue
+            if v.ndim <= d:
+                v = v.reshape((1,) * (d + 1 - v.ndim) + v.shape)
+            v = np.repeat(v, m // n, axis=_axis(v, d))
+            changed = True
+        args[i] = _with_value(a, v)
+    return Sample(tuple(args), f"{sample.name}, broadcast operands repeated") if changed else None
 
 
 def other_threads(n_threads: int) -> int:

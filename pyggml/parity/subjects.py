@@ -26,7 +26,7 @@ __all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "path
 # the batch relation (pyggml.parity.relations): a batch in one graph, and its items one by one
 RELATION_PATHS = ("batched", "per-item")
 # relations of a path with ggml's own result: on 3 threads, in place, every argument contiguous
-SELF_RELATIONS = ("threads", "inplace", "contiguous")
+SELF_RELATIONS = ("threads", "inplace", "contiguous", "repeated")
 GRAD_SAMPLES = 3          # gradient checks per op: the first few F32 contiguous samples, as the tests
 
 
@@ -61,7 +61,8 @@ class OpSubject(Subject):
         self._builtin_paths = (("ggml", "ggml-ref", "cpu-backend", "reference") + device_paths() +
                                (("torch",) if torch_ops.has(info.op) else ()) +
                                (RELATION_PATHS if info.op in relations.BATCH else ()) + ("threads",) +
-                               (("inplace",) if relations.inplace_twin(info.op) else ()) + ("contiguous",))
+                               (("inplace",) if relations.inplace_twin(info.op) else ()) + ("contiguous",) +
+                               (("repeated",) if info.op in relations.BROADCAST else ()))
 
     @property
     def paths(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -119,8 +120,8 @@ class OpSubject(Subject):
         s = self.sample(case)
         if path == "threads":
             n_threads = relations.other_threads(n_threads)
-        elif path == "contiguous":
-            s = relations.contiguous(s)
+        elif path in ("contiguous", "repeated"):
+            s = relations.contiguous(s) if path == "contiguous" else relations.repeated(self.op, s)
             if s is None:
                 return Outcome(verdict=NOT_APPLICABLE)
         info = self.info
@@ -177,8 +178,8 @@ class OpSubject(Subject):
             return relations.threads_tolerance(self.op, case.type)
         if {a, b} == {"ggml", "contiguous"}:
             return relations.contiguous_tolerance(self.op)
-        if {a, b} == {"ggml", "inplace"}:
-            return 0.0          # the same kernel writing into its input's memory
+        if {a, b} in ({"ggml", "inplace"}, {"ggml", "repeated"}):
+            return 0.0          # the same kernel in its input's memory; the same rows, repeated
         if self.info.exact or {a, b} == {"ggml", "cpu-backend"} or {a, b} == set(RELATION_PATHS):
             return 0.0          # the same kernels on the same inputs (rows): the same bits
         tol = self.info.tolerance(Type[case.type])
