@@ -153,3 +153,38 @@ def test_a_broadcast_operand_gives_what_it_gives_repeated_and_the_mapping_matter
     monkeypatch.setattr(np, "repeat", lambda v, k, axis: np.tile(v, [k if i == axis else 1 for i in range(v.ndim)]))
     rows = parity.check("op:flash_attn_ext", paths=["ggml", "repeated"], types=["F32"])
     assert "F32 GQA 4 q heads on 2, DV != DK" in {r.case for r in rows if r.verdict == "fail"}
+
+
+def test_quantized_types_come_back_the_same_three_ways_or_the_table_says_why(monkeypatch):
+    """quant:TYPE: ggml_quantize_chunk, a graph's F32 -> TYPE copy and a second quantization
+    of the dequantized values, compared by value: exact for the plain types; IQ4_NL's copy
+    skips the chunk quantizer's scale search (its rows fail without their entry)."""
+    from pyggml.parity import runner
+    names = {c.subject for c in runner.select()}
+    assert {"quant:Q4_0", "quant:Q4_K", "quant:IQ4_NL"} <= names
+    assert "quant:IQ1_S" not in names and "quant:Q8_1" not in names       # on request; no to_float
+    assert "quant:IQ1_S" in {c.subject for c in runner.select(["quant:IQ1*"])}
+    rows = parity.check(["quant:Q4_0", "quant:Q8_0", "quant:IQ4_NL", "quant:Q5_K"])
+    assert {(r.a, r.b) for r in rows} == {("quantize", "cpy"), ("quantize", "requantize")}
+    assert all(r.verdict == "ok" for r in rows)
+    exact = [r for r in rows if r.subject in ("quant:Q4_0", "quant:Q8_0")]
+    assert len(exact) == 12 and all(r.nmse == 0.0 and r.tol == 0.0 for r in exact)
+    assert any(r.subject == "quant:Q5_K" and r.b == "requantize" and r.nmse > 0 for r in rows)
+    monkeypatch.delitem(relations.QUANT_DIFFERS, ("cpy", "IQ4_NL"))
+    rows = parity.check("quant:IQ4_NL", paths=["quantize", "cpy"])
+    assert [r.verdict for r in rows] == ["fail"] * 3
+
+
+def test_a_graph_copy_to_iq4_nl_is_less_accurate_than_ggml_quantize_chunk():
+    """The reason behind QUANT_DIFFERS' IQ4_NL entry, measured: the chunk quantizer's scale
+    search gives a smaller error than the copy's single scale."""
+    x = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
+    chunk = pyggml.dequantize(Type.IQ4_NL, pyggml.quantize(Type.IQ4_NL, x), x.shape)
+    with pyggml.Context(64 << 20) as ctx:
+        c = pyggml.cpy(ctx, ctx.from_numpy(x), ctx.new_tensor(Type.IQ4_NL, (512, 64)))
+        g = pyggml.Graph(ctx)
+        g.build_forward_expand(c)
+        g.compute(1)
+        copied = pyggml.dequantize(Type.IQ4_NL, np.array(c.blocks()), x.shape)
+    err = [float(np.sum((y - x) ** 2) / np.sum(x ** 2)) for y in (chunk, copied)]
+    assert err[0] < err[1] < 1.2 * err[0]

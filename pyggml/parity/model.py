@@ -92,12 +92,16 @@ class Subject:
                   paths; others may ignore it);
     ``tolerance(case, a, b)`` the NMSE bound between paths a and b on a case;
     ``compares(a, b)`` whether a row compares paths a and b (all pairs by default);
-    ``repro(case)`` Python source that rebuilds the case standalone.
+    ``repro(case)`` Python source that rebuilds the case standalone;
+    ``on_request`` only when a selection names it (not in a sweep of everything).
     """
 
     name: str = ""
     op: str = ""
     paths: tuple[str, ...] = ()
+    # checked only when a selection (--op) names it, not in a sweep of everything (a subject
+    # too slow for every sweep)
+    on_request: bool = False
 
     def cases(self, seed: int, quick: bool) -> list[Case]:
         raise NotImplementedError

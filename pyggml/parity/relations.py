@@ -27,7 +27,7 @@ import pyggml
 from pyggml.opinfo import Arg, OpInfo, Sample
 
 __all__ = ["BATCH", "JOINED", "NOT_BITWISE_ACROSS_LAYOUTS", "NOT_BITWISE_ACROSS_THREADS", "THREADS", "as_four",
-           "BROADCAST", "batch_pair", "contiguous", "repeated", "contiguous_tolerance", "inplace_twin", "other_threads", "stack_results",
+           "BROADCAST", "QUANT_DIFFERS", "batch_pair", "quant_tolerance", "contiguous", "repeated", "contiguous_tolerance", "inplace_twin", "other_threads", "stack_results",
            "threads_tolerance"]
 
 # *Threads*: ggml's CPU kernels split a node's rows (or blocks) over its threads; each result
@@ -110,6 +110,35 @@ def repeated(op: str, sample: Sample) -> Sample | None:
             changed = True
         args[i] = _with_value(a, v)
     return Sample(tuple(args), f"{sample.name}, broadcast operands repeated") if changed else None
+
+
+# *Quantization*: for each quantized type, the subject ``quant:TYPE`` quantizes seeded rows
+# three ways, compared by their dequantized values: ``quantize`` (ggml_quantize_chunk, what
+# model converters call), ``cpy`` (a graph's F32 -> TYPE copy: the CPU backend's from_float)
+# and ``requantize`` (ggml_quantize_chunk of quantize's own dequantized values: a value
+# already on the type's grid should come back as itself). Each is compared with ``quantize``
+# exactly, but where the table below says why not (and the NMSE that holds instead).
+QUANT_DIFFERS: dict[tuple[str, str], tuple[float, str]] = {
+    ("cpy", "IQ4_NL"): (2e-2, "ggml_quantize_chunk searches 7 scales per block (quantize_iq4_nl: "
+                              "quantize_row_iq4_nl_impl(..., ntry 7)), a graph's from_float none "
+                              "(quantize_row_iq4_nl_ref: ntry -1): 16% of the bytes differ (NMSE up to 4.3e-3)"),
+}
+_NOT_IDEMPOTENT = ("{t}'s quantizer searches its scales heuristically ({f}): values already on the grid of one "
+                   "choice of scales need not lead back to it (NMSE up to {worst:.1e} on the sweep's rows)")
+# type, its search, the worst NMSE measured over the sweep's three cases (ggml 0.25.3, seed 0);
+# each bound is five times that
+for _t, _f, _worst in (("Q2_K", "make_qkx2_quants", 1.5e-2), ("Q3_K", "make_q3_quants", 3.6e-3),
+                       ("Q4_K", "make_qkx2_quants", 1.2e-4), ("Q5_K", "make_qkx2_quants", 8.7e-5),
+                       ("Q6_K", "make_qx_quants", 1.6e-5), ("IQ2_XXS", "the iq2 grid search", 3.5e-3),
+                       ("IQ2_XS", "the iq2 grid search", 6.1e-3), ("IQ2_S", "the iq2 grid search", 5.9e-3),
+                       ("IQ3_XXS", "the iq3 grid search", 1.9e-3), ("IQ3_S", "the iq3 grid search", 1.1e-3),
+                       ("IQ1_S", "the iq1 grid search", 1.2e-2), ("IQ1_M", "the iq1 grid search", 1.1e-2),
+                       ("IQ4_NL", "quantize_row_iq4_nl_impl", 3.1e-4), ("IQ4_XS", "quantize_row_iq4_nl_impl", 9.0e-4)):
+    QUANT_DIFFERS[("requantize", _t)] = (5 * _worst, _NOT_IDEMPOTENT.format(t=_t, f=_f, worst=_worst))
+
+
+def quant_tolerance(path: str, type_name: str) -> float:
+    return QUANT_DIFFERS.get((path, type_name), (0.0, ""))[0]
 
 
 def other_threads(n_threads: int) -> int:

@@ -29,7 +29,7 @@ Progress = Callable[[int, int, Case], None]
 
 
 def select(ops: Iterable[str] = (), types: Iterable[str] = (), quick: bool = False, seed: int = 0,
-           probe: bool = True, kinds: Iterable[str] = ("op", "grad", "attention", "user")) -> list[Case]:
+           probe: bool = True, kinds: Iterable[str] = ("op", "grad", "attention", "quant", "user")) -> list[Case]:
     """The cases of the subjects whose op (or name) matches one of ``ops`` (fnmatch
     patterns; all if empty), of the given ggml ``types`` (all if empty)."""
     import fnmatch
@@ -41,6 +41,8 @@ def select(ops: Iterable[str] = (), types: Iterable[str] = (), quick: bool = Fal
             continue
         if ops and not any(fnmatch.fnmatchcase(s.op, p) or fnmatch.fnmatchcase(name, p) for p in ops):
             continue
+        if s.on_request and not any(fnmatch.fnmatchcase(name, p) for p in ops):
+            continue        # (named by its own name: --op 'quant:*', not by its op's)
         for c in s.cases(seed, quick):
             if not types or c.type.upper() in types or not c.type:
                 out.append(c)

@@ -20,7 +20,7 @@ from pyggml.opinfo import harness
 from pyggml.parity import relations, torch_ops
 from pyggml.parity.model import NOT_APPLICABLE, Case, Outcome, Subject
 
-__all__ = ["AttentionSubject", "GradSubject", "OpSubject", "all_subjects", "path_names", "register_path",
+__all__ = ["AttentionSubject", "GradSubject", "OpSubject", "QuantSubject", "all_subjects", "path_names", "register_path",
            "register_subject", "subject"]
 
 # the batch relation (pyggml.parity.relations): a batch in one graph, and its items one by one
@@ -310,6 +310,95 @@ class AttentionSubject(Subject):
                 f"print(format_rows(rows))\n")
 
 
+class QuantSubject(Subject):
+    """One quantized type: seeded rows quantized by ggml_quantize_chunk (``quantize``), by a
+    graph's F32 -> type copy (``cpy``) and again from their own dequantized values
+    (``requantize``), compared by those values (pyggml.parity.relations.QUANT_DIFFERS)."""
+
+    paths = ("quantize", "cpy", "requantize")
+    SHAPES = ((8, 512), (3, 256), (16, 1024))
+
+    def __init__(self, t: Type):
+        self.type = t
+        self.name = f"quant:{t.name}"
+        self.op = "cpy"
+
+    # types whose first quantization in a process builds search tables (0.8 to 5.5 s each on
+    # a Zen 4 core, 10 s together, in every worker): checked when a selection names them
+    SLOW_INIT = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+
+    @property
+    def on_request(self) -> bool:
+        return self.type.name in self.SLOW_INIT
+
+    def cases(self, seed: int, quick: bool) -> list[Case]:
+        gens = ("normal", "uniform", "outliers")
+        return [Case(self.name, self.type.name, i, seed, f"{gens[i]} {self.SHAPES[i]}") for i in range(1 if quick else 3)]
+
+    def _rows(self, case: Case) -> np.ndarray:
+        rng = np.random.default_rng(sample_seed(self.name, self.type.name, case.seed) + case.index)
+        shape = self.SHAPES[case.index]
+        if case.index == 0:
+            return rng.standard_normal(shape).astype(np.float32)
+        x = rng.uniform(-1.0, 1.0, shape)
+        if case.index == 2:
+            x[rng.random(shape) < 0.01] *= 40.0             # a few large values per block
+        return x.astype(np.float32)
+
+    def _quantize(self, x: np.ndarray) -> np.ndarray:
+        im = np.ones(x.shape[-1], np.float32) if self.type.requires_imatrix else None
+        return pyggml.quantize(self.type, x, imatrix=im)
+
+    def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
+        x = self._rows(case)
+        try:
+            if path == "cpy":
+                with pyggml.Context(x.nbytes * 3 + (1 << 20)) as ctx:
+                    c = pyggml.cpy(ctx, ctx.from_numpy(x), ctx.new_tensor(self.type, x.shape[::-1]))
+                    g = pyggml.Graph(ctx)
+                    g.build_forward_expand(c)
+                    g.compute(n_threads)
+                    raw = np.array(c.blocks())
+            else:
+                raw = self._quantize(x)
+                if path == "requantize":
+                    raw = self._quantize(pyggml.dequantize(self.type, raw, x.shape).astype(np.float32))
+            return Outcome([pyggml.dequantize(self.type, raw, x.shape).astype(np.float64)])
+        except UnsupportedOpError as e:
+            return Outcome(verdict="skipped", detail=f"{path}: {e}")
+        except GGMLError as e:
+            if path == "cpy" and "cannot quantize" in str(e):
+                return Outcome(verdict="skipped", detail=f"cpy: {e}")
+            return _outcome_of(e)
+
+    def compares(self, a: str, b: str) -> bool:
+        return "quantize" in (a, b)
+
+    def tolerance(self, case: Case, a: str, b: str) -> float:
+        return relations.quant_tolerance(b if a == "quantize" else a, self.type.name)
+
+    def repro(self, case: Case) -> str:
+        return (f"from pyggml import parity\n"
+                f"rows = parity.check_case(parity.Case({case.subject!r}, {case.type!r}, {case.index}, "
+                f"{case.seed}, {case.label!r}))[0]\n"
+                f"print(rows)\n")
+
+
+def _quant_types() -> list[Type]:
+    """The quantized types ggml reads back (a to_float: not Q8_1 and Q8_K, the dot products'
+    own), found without quantizing (a grid type's first quantization builds its tables)."""
+    out = []
+    for t in Type:
+        if not t.is_quantized:
+            continue
+        try:
+            pyggml.dequantize(t, np.zeros(t.type_size, np.uint8), (t.blck_size,))
+        except GGMLError:
+            continue
+        out.append(t)
+    return out
+
+
 _USER: dict[str, Subject] = {}
 _USER_PATHS: dict[str, tuple[Callable[[OpInfo, Sample, int], Any], tuple[str, ...] | None]] = {}
 BUILTIN_PATHS = ("ggml", "ggml-ref", "cpu-backend", "blocked", "reference", "autodiff", "torch") + SELF_RELATIONS + \
@@ -371,6 +460,8 @@ def _builtin(probe: bool) -> dict[str, Subject]:
             out[f"grad:{name}"] = GradSubject(info)
     if pyggml.build_info()["features"]["flash_attn_back"]:
         out["attention"] = AttentionSubject()
+    for t in _quant_types():
+        out[f"quant:{t.name}"] = QuantSubject(t)
     return out
 
 
