@@ -34,16 +34,17 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def build_c_program(source: str, folder: str, name: str) -> str | None:
-    """``source`` (C) compiled in ``folder`` against the libggml pyggml loaded (the vendored
-    headers of this checkout), for the benchmarks' C baselines: the executable's path, or
-    None without a C compiler, the headers or the libraries."""
+def build_c_program(source: str, folder: str, name: str, include: str | None = None) -> str | None:
+    """``source`` (C) compiled in ``folder`` against the libggml pyggml loaded (with the
+    headers in ``include``; by default the vendored ones of this checkout), for the
+    benchmarks' C baselines and the shrunk reproducers: the executable's path, or None
+    without a C compiler, the headers or the libraries."""
     import pyggml._core
 
     cc = shutil.which("cc") or shutil.which("gcc")
     libdir = os.path.dirname(pyggml._core.__file__)     # the compiled modules' folder (editable installs too)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    include = os.path.join(here, "vendor", "ggml", "include")
+    include = include or os.path.join(here, "vendor", "ggml", "include")
     if cc is None or not os.path.exists(os.path.join(include, "ggml.h")) or \
             not os.path.exists(os.path.join(libdir, "libggml.so")):
         return None

@@ -2,7 +2,8 @@
 compare them; ``pyggml parity --model PATH``: every named node of a GGUF model's graph
 against float64; ``pyggml parity diff A B``: compare two saved sweeps; ``pyggml parity
 merge PIECE...``: the report of a sweep run in shards (``--shard I/N``); ``pyggml parity
-ulp``: every F16 and BF16 input (and a dense F32 sweep) of the elementwise ops, in ULPs."""
+ulp``: every F16 and BF16 input (and a dense F32 sweep) of the elementwise ops, in ULPs;
+``pyggml parity shrink CASE``: a failing op case shrunk, with Python and C reproducers."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     m.add_argument("--json", metavar="F", help="write every row, the summary and the build as JSON")
     m.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     m.add_argument("--html", metavar="F", help="write a self-contained HTML report")
+    k = sub.add_parser("shrink", help="shrink a failing op case (ggml beyond its tolerance from float64) to the "
+                                      "smallest that still fails, and write Python and C reproducers")
+    k.add_argument("case", help="op:NAME|TYPE|INDEX, as a row of pyggml parity --json names it (subject, type, index)")
+    k.add_argument("--seed", type=int, default=0, help="the sweep's --seed (default 0)")
+    k.add_argument("--out", default=".", metavar="DIR", help="where the reproducers go (default: here)")
+    k.add_argument("--budget", type=int, default=600, help="candidates to compute at most (default 600)")
     u = sub.add_parser("ulp", help="every F16 and BF16 input (and a dense F32 sweep) of the one-input "
                                    "elementwise ops against correctly rounded results, in ULPs")
     u.add_argument("--op", action="append", default=[], metavar="NAME|GLOB", help="ops to sweep (default: all)")
@@ -62,6 +69,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--html", metavar="F", help="write a self-contained HTML report")
     ap.add_argument("--save", metavar="F.npz", help="save every output, for pyggml parity diff")
     ap.add_argument("--list", action="store_true", help="list the subjects and their paths, then exit")
+    ap.add_argument("--shrink", metavar="DIR", help="shrink each failing op case (ggml~reference) after the sweep "
+                                                    "and write its Python and C reproducers into DIR")
     ap.add_argument("--shard", metavar="I/N", default=None,
                     help="only the cases of shard I of N (1 <= I <= N): a stable hash of each case's key, so N jobs "
                          "with I = 1..N run every case once; join their --json reports with pyggml parity merge")
@@ -151,6 +160,8 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             return _merge(args, ap)
         if getattr(args, "parity_cmd", None) == "ulp":
             return _ulp(args, ap)
+        if getattr(args, "parity_cmd", None) == "shrink":
+            return _shrink(args, ap)
         if args.model is not None:
             return _model(args, ap)
         if args.prompt is not None:
@@ -278,6 +289,8 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if args.html:
         from pyggml.parity import html
         write("--html", args.html, lambda: html.write_html(rows, args.html, meta))
+    if args.shrink and not stopped:
+        _shrink_failures(rows, args)
     if stopped:
         _say(stopped[2] + ("; the reports written are partial" if any((args.json, args.junit, args.save, args.html))
                            and not failed else ""))
@@ -287,13 +300,32 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     return 1 if any(r.verdict in BAD for r in rows) else 0
 
 
+def _shrink_failures(rows: list, args: argparse.Namespace) -> None:
+    """--shrink DIR: each failing ggml~reference row of an op, shrunk, its reproducers in DIR."""
+    from pyggml.errors import GGMLError
+    from pyggml.parity import shrink
+    todo = [r for r in rows if r.verdict == "fail" and r.subject.startswith("op:") and (r.a, r.b) == ("ggml", "reference")]
+    if not todo:
+        print("--shrink: no failing op case (ggml~reference) to shrink")
+        return
+    for r in todo:
+        key = f"{r.subject}|{r.type}|{r.index}"
+        try:
+            sh = shrink.shrink_case(key, args.seed)
+        except GGMLError as e:              # (it passed when computed again, alone)
+            print(f"--shrink {key}: {e}")
+            continue
+        paths = shrink.write(sh, args.shrink, key.replace("op:", "").replace("|", "-"))
+        print(f"--shrink {key}: {sh.elements_before} -> {sh.elements_after} input elements: {', '.join(paths)}")
+
+
 def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     """pyggml parity --model PATH: one row per named node of the model's graph."""
     import pyggml
     from pyggml.errors import GGMLError
     from pyggml.parity import models, store
 
-    if args.op or args.types or args.paths or args.quick or args.save or args.list:
+    if args.op or args.types or args.paths or args.quick or args.save or args.list or args.shrink:
         ap.error("--model checks one model's nodes: --op, --types, --paths, --quick, --save and --list do not apply")
     if args.threads < 1:
         ap.error("--threads must be >= 1")
@@ -366,6 +398,28 @@ def _merge(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if not _write_reports(args, rows, meta, meta["seconds"]):
         return 2
     return 1 if any(r.verdict in BAD for r in rows) else 0
+
+
+def _shrink(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """pyggml parity shrink CASE: exit 0 with the reproducers written, 2 where the case
+    does not fail (or is not an op case)."""
+    from pyggml.errors import GGMLError
+    from pyggml.parity import shrink
+    try:
+        sh = shrink.shrink_case(args.case, args.seed, args.budget)
+    except GGMLError as e:
+        _say(str(e))
+        return 2
+    stem = args.case.replace("op:", "").replace("|", "-")
+    paths = shrink.write(sh, args.out, stem)
+    shapes = [tuple(a.value.shape) for a in sh.sample.args if hasattr(a, "layout")]
+    print(f"{args.case}: shrunk from {sh.elements_before} to {sh.elements_after} input elements {shapes} in "
+          f"{sh.tries} tries; NMSE {sh.nmse:.3g} > {sh.tol:g} still")
+    for p in paths:
+        print(f"  {p}")
+    if len(paths) == 1:
+        print("  (no C reproducer: a type other than F32, F16, I32, or a builder of pyggml's own)")
+    return 0
 
 
 def _ulp(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
