@@ -353,6 +353,7 @@ cdef class Backend(Executor):
         cdef ggml_cplan plan
         cdef void * probe
         if self.is_cpu:
+            graph._check_threads(n, "compute")
             ggml_backend_cpu_set_n_threads(self.ptr, n)
             # the CPU backend plans the graph itself: plan it first under the guard
             # (ggml_graph_plan asserts on some nodes), and refuse what its plan

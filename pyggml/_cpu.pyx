@@ -561,6 +561,7 @@ cdef class CpuExecutor(Executor):
             if work_size > 0:
                 work = Storage(work_size)
                 plan.work_data = <uint8_t *>work.ptr
+            graph._check_threads(n, "compute")
             note_threads(n)
             if wants_async(graph):
                 handed = True

@@ -164,3 +164,16 @@ def mul_mat_tiled_q8k_batches():
     want = np.einsum("mk,bnk->bnm", wv, xv[:, :8, :].astype(np.float64))
     err = float(np.abs(got - want).max() / np.abs(want).max())
     return err if err > 1e-3 else 0.0
+
+
+def wkv_threads_over_heads():
+    # RWKV_WKV7 on one head, on 1 and on 3 threads: 0.9.4's kernel gives other values on 3
+    # (its WKV6 and GLA kernels hang there instead, so the probe runs WKV7 only)
+    from pyggml.opinfo import registry
+    from pyggml.opinfo.harness import compute
+    info = registry().get("rwkv_wkv7")
+    if info is None or not hasattr(pyggml, "rwkv_wkv7"):
+        return None
+    s = next(x for x in info.samples(np.random.default_rng(0), pyggml.Type.F32) if "H=1 " in x.name)
+    one, three = compute(info, s, 1)[0], compute(info, s, 3)[0]
+    return "ok" if np.array_equal(one, three) else "wrong"

@@ -38,6 +38,7 @@ cdef class Graph:
     cdef bint _busy           # a thread computes or changes the graph
     cdef int64_t _node_elems  # the largest operand of each node, summed: a measure of a compute's size
     cdef int _index_ops       # nodes that read positions from a tensor's values (get_rows, ...)
+    cdef int64_t _thread_heads  # the fewest heads of a node whose kernel splits heads over threads (0: none)
     cdef int _unchecked       # nodes whose op pyggml has no kernel rule for
     cdef bint _unproven       # ... and the graph changed since a forked proof last passed
     cdef object __weakref__   # a scheduler's allocation refers to its graph weakly
@@ -48,6 +49,7 @@ cdef class Graph:
     cdef bint _still_unallocated(self)
     cdef int _ready(self, str what) except -1
     cdef int _take(self, str what) except -1
+    cdef int _check_threads(self, int n, str what) except -1
     cdef int _add_contexts(self, Context c) except -1
     cdef object _hold(self)
     cdef object _tensor(self, ggml_tensor * p)

@@ -168,6 +168,23 @@ cdef class Graph:
         self._set_busy(True)
         return 0
 
+    cdef int _check_threads(self, int n, str what) except -1:
+        """UpstreamDefect where ``n`` threads outnumber the heads of a node whose kernel
+        splits heads over threads, on a ggml whose kernels then hang or compute wrong values
+        (pyggml.defects "wkv-threads-over-heads", measured by its probe). Every executor
+        calls it with the thread count it computes on."""
+        if self._thread_heads == 0 or n <= self._thread_heads:
+            return 0
+        from pyggml.defects import present
+        if present("wkv-threads-over-heads"):
+            from pyggml import ggml_version
+            raise UpstreamDefect(
+                f"{what}: the graph has an RWKV_WKV6, GATED_LINEAR_ATTN or RWKV_WKV7 node with {self._thread_heads} "
+                f"head(s), and ggml {ggml_version()}'s kernels hang (WKV6, GLA) or compute wrong values (WKV7) "
+                f"on more threads than heads: compute it on at most {self._thread_heads} thread(s)",
+                "wkv-threads-over-heads")
+        return 0
+
     cdef bint _still_unallocated(self):
         """Whether a tensor of the graph still has no data (tensors of a no_alloc context
         get theirs later, from a backend buffer; an allocation released clears what it
@@ -259,7 +276,7 @@ cdef class Graph:
         cdef size_t sp = 0, cap = 64, n_added = 0
         cdef ggml_tensor * p
         cdef ggml_tensor * unallocated = NULL
-        cdef int64_t node_elems = 0
+        cdef int64_t node_elems = 0, heads = 0, thread_heads = 0
         cdef int index_ops = 0, fab_nodes = 0
         # One buffer: the DFS stack grows from the front, the added list from the back.
         # Small graphs use the array on the C stack; larger ones move to the heap.
@@ -303,6 +320,9 @@ cdef class Graph:
                     node_elems += _work_elems(p)
                     if pyggml_index_tensor(p) != NULL:
                         index_ops += 1
+                    heads = pyggml_thread_heads(p)
+                    if heads and (thread_heads == 0 or heads < thread_heads):
+                        thread_heads = heads
                     rc = pyggml_check_node(p, &st)
                     if rc == PYGGML_UNCHECKED:
                         unchecked += 1
@@ -341,6 +361,8 @@ cdef class Graph:
         self._n_leafs += new_leafs
         self._node_elems += node_elems
         self._index_ops += index_ops
+        if thread_heads and (self._thread_heads == 0 or thread_heads < self._thread_heads):
+            self._thread_heads = thread_heads
         if unallocated != NULL and self._unallocated is None:
             self._unallocated = <uintptr_t>unallocated
         self._fab_nodes += fab_nodes
@@ -494,6 +516,7 @@ cdef class Graph:
     cdef int _track_new_nodes(self, int first) except -1:
         """Account for nodes ggml added from index ``first`` on (and their leafs)."""
         cdef int i, j, added, n = ggml_graph_n_nodes(self.ptr)
+        cdef int64_t heads
         cdef ggml_tensor * p
         cdef ggml_tensor * s
         cdef list stack = []
@@ -513,6 +536,9 @@ cdef class Graph:
                 self._node_elems += _work_elems(p)
                 if pyggml_index_tensor(p) != NULL:
                     self._index_ops += 1
+                heads = pyggml_thread_heads(p)
+                if heads and (self._thread_heads == 0 or heads < self._thread_heads):
+                    self._thread_heads = heads
                 if check_node(p, "build_backward_expand"):
                     self._unchecked += 1
                     self._unproven = True

@@ -73,6 +73,7 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_check_backward(ggml_cgraph * graph, pyggml_status * st)
     int pyggml_backward_sources(const char * op, const char * sub)
     ggml_tensor * pyggml_index_tensor(const ggml_tensor * node)
+    int64_t pyggml_thread_heads(const ggml_tensor * node)
     int pyggml_check_indices(const ggml_tensor * node, pyggml_status * st)
     int pyggml_check_ready_indices(ggml_cgraph * graph, pyggml_status * st)
     int pyggml_compute_checked(ggml_cgraph * graph, ggml_cplan * plan, pyggml_status * st)

@@ -282,6 +282,21 @@ DEFECTS: tuple[Defect, ...] = (
         shown_by=("tests/test_rules_math.py::test_softplus_underflows_for_negative_inputs",),
     ),
     Defect(
+        id="wkv-threads-over-heads",
+        title="RWKV_WKV6 and GATED_LINEAR_ATTN hang, RWKV_WKV7 computes wrong values, on more threads than heads",
+        ops=("RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7"),
+        where="ggml-cpu/ops.cpp, the three kernels of libggml-python 0.9.4's wheel: they split the heads over the "
+              "threads; with more threads than heads, WKV6 and GLA never return (every thread waits in libgomp's "
+              "team barrier) and WKV7's results change with the thread count (NMSE 1.0 and 2e43 against float64 "
+              "on 1 head, 0.49 on 2 heads with 3 threads); 0.20.2's and 0.25.3's compute every count alike",
+        action="refused with UpstreamDefect at compute (Graph.compute, a CPU backend, a scheduler) where the "
+               "thread count exceeds a node's heads on a ggml whose probe shows it; found by the sweep's threads "
+               "relation",
+        seen_in=("0.9.4",),
+        probe="wkv_threads_over_heads",
+        probe_unit="'wrong': RWKV_WKV7 on 1 head differs between 1 and 3 threads; 'ok': the same bits",
+    ),
+    Defect(
         id="unary-nan-dropped",
         title="RELU, LEAKY_RELU, SGN, STEP and HARDSIGMOID turn NaN into a number",
         ops=("UNARY", "LEAKY_RELU"),
@@ -641,11 +656,18 @@ def present(defect_id: str) -> bool | None:
     """Whether the linked ggml has the defect, as its probe measures it (once per
     process): True or False, None where it has no probe or the probe cannot run here."""
     if defect_id not in _PRESENT:
-        if defect_id == "fab-batch-gqa-oob":      # measured at import by pyggml._fab
-            from pyggml import _fab
-            v = _fab.FAB_BATCH_GQA_OVERRUN
-        else:
-            v = get(defect_id).run_probe()
+        # None while it is measured: a check the probe's own computation passes through
+        # (Graph._check_threads) finds it not known to be present
+        _PRESENT[defect_id] = None
+        try:
+            if defect_id == "fab-batch-gqa-oob":      # measured at import by pyggml._fab
+                from pyggml import _fab
+                v = _fab.FAB_BATCH_GQA_OVERRUN
+            else:
+                v = get(defect_id).run_probe()
+        except BaseException:
+            del _PRESENT[defect_id]
+            raise
         _PRESENT[defect_id] = measures_defect(v)
     return _PRESENT[defect_id]
 

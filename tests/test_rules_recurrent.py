@@ -460,3 +460,47 @@ def test_lightning_indexer_k_rows_of_part_of_a_block():
                                    np.zeros((1, 1, 2, 4)))
     out = compute_unchecked(build)
     assert np.abs(ref).max() > 1 and not np.allclose(out.reshape(ref.shape), ref, atol=1e-3)
+
+
+def _one_head_graph(ctx, op):
+    from pyggml.opinfo import registry
+    s = next(x for x in registry()[op].samples(np.random.default_rng(0), Type.F32) if "H=1 " in x.name)
+    from pyggml.opinfo.harness import _tensor
+    args = [_tensor(ctx, a) if hasattr(a, "layout") else a for a in s.args]
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(getattr(pyggml, op)(ctx, *args))
+    return g
+
+
+@pytest.mark.parametrize("op", ["rwkv_wkv6", "gated_linear_attn", "rwkv_wkv7"])
+def test_more_threads_than_heads_is_refused_where_the_probe_shows_wkv_threads_over_heads(op, monkeypatch):
+    """Defect wkv-threads-over-heads (0.9.4: WKV6 and GLA hang, WKV7 computes wrong values on
+    more threads than heads): where present, every executor refuses before ggml runs; on
+    as many threads as heads, or where absent, the graph computes."""
+    from pyggml import defects
+    needs_op(op)
+    monkeypatch.setitem(defects._PRESENT, "wkv-threads-over-heads", True)
+    with pyggml.Context(1 << 22) as ctx:
+        g = _one_head_graph(ctx, op)
+        with pytest.raises(pyggml.UpstreamDefect, match=r"1 head\(s\).*at most 1 thread") as e:
+            g.compute(3)
+        assert e.value.defect == "wkv-threads-over-heads"
+        cpu = pyggml.Backend("CPU", n_threads=2)
+        with pytest.raises(pyggml.UpstreamDefect, match="wkv-threads-over-heads|at most 1 thread"):
+            cpu.graph_compute(g)
+        g.compute(1)                                       # as many threads as heads
+        monkeypatch.setitem(defects._PRESENT, "wkv-threads-over-heads", False)
+        g.compute(3)                                       # a ggml without the defect
+        cpu.graph_compute(g)
+        cpu.close()
+
+
+def test_the_probe_of_wkv_threads_over_heads_agrees_with_the_relation_on_this_ggml():
+    """The probe (RWKV_WKV7 on 1 head, 1 against 3 threads) says what the sweep's threads
+    relation measures: the same bits on a ggml without the defect."""
+    from pyggml import _defect_probes, defects
+    needs_op("rwkv_wkv7")
+    got = _defect_probes.wkv_threads_over_heads()
+    assert got in ("ok", "wrong")
+    assert defects.present("wkv-threads-over-heads") == (got == "wrong")
+    assert (got == "wrong") == (pyggml.ggml_version() in defects.get("wkv-threads-over-heads").seen_in)

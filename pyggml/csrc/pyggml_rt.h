@@ -276,6 +276,10 @@ PYGGML_RT_API int pyggml_check_node(const struct ggml_tensor * node, pyggml_stat
  * values, to run right before the node computes: PYGGML_OK, or PYGGML_BAD_INDEX with the
  * first index out of range in st->msg. */
 PYGGML_RT_API struct ggml_tensor * pyggml_index_tensor(const struct ggml_tensor * node);
+/* The head count of a node whose CPU kernel splits heads over threads (RWKV_WKV6,
+ * GATED_LINEAR_ATTN, RWKV_WKV7; rules_recurrent.c), 0 for any other: pyggml.defects
+ * "wkv-threads-over-heads" (more threads than heads hang or compute wrong values in 0.9.4). */
+PYGGML_RT_API int64_t pyggml_thread_heads(const struct ggml_tensor * node);
 PYGGML_RT_API int pyggml_check_indices(const struct ggml_tensor * node, pyggml_status * st);
 /* The indices that exist before the graph runs (not computed by it): PYGGML_OK or
  * PYGGML_BAD_INDEX. */

@@ -113,6 +113,14 @@ static int rule_ssm_scan(const struct ggml_tensor * t, pg_why * why) {
     return PYGGML_OK;
 }
 
+int64_t pyggml_thread_heads(const struct ggml_tensor * t) {
+    if ((t->op == GGML_OP_RWKV_WKV6 || t->op == GGML_OP_GATED_LINEAR_ATTN || t->op == GGML_OP_RWKV_WKV7) &&
+        t->src[0] != NULL) {
+        return t->src[0]->ne[1];        /* k (r for RWKV_WKV7): [S, H, n_tokens] */
+    }
+    return 0;
+}
+
 /* RWKV_WKV6, GATED_LINEAR_ATTN and RWKV_WKV7 (ops.cpp ggml_compute_forward_rwkv_wkv6_f32,
  * _gla_f32, _rwkv_wkv7_f32) share the walk over tokens: seq = t / (T / n_seqs), n_seqs =
  * state->ne[1]. The builders do not ask T to be a multiple of n_seqs: otherwise the last
