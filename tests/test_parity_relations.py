@@ -13,6 +13,11 @@ from pyggml.opinfo import harness
 from pyggml.parity import relations
 from pyggml.parity.model import compare_outputs
 
+from sources import built_from_the_pin
+
+# on a release other than the pin, ggml itself refuses some samples (skipped rows, with why)
+FINE = ("ok", "refused", "skipped")
+
 
 def test_every_op_of_the_batch_table_is_a_registry_op_whose_arguments_it_fits():
     reg = registry()
@@ -57,7 +62,8 @@ def test_batched_and_per_item_agree_bit_for_bit_on_every_op_of_the_table():
     ok = [r for r in rows if r.verdict == "ok"]
     assert len(ok) > 400 and all(r.nmse == 0.0 and r.tol == 0.0 for r in ok)
     others = [r for r in rows if r.verdict != "ok"]
-    assert all(r.verdict == "refused" and r.defect for r in others), {(r.op, r.verdict, r.detail[:80]) for r in others}
+    assert all(r.verdict == "skipped" or r.verdict == "refused" and r.defect for r in others), \
+        {(r.op, r.verdict, r.detail[:80]) for r in others}
     # the relation exposes conv_1d's batch defect on samples that hold one item
     assert {r.defect for r in others if r.op == "conv_1d"} == {"conv-1d-batch-layout"}
 
@@ -92,7 +98,10 @@ def test_the_relation_finds_the_batch_defects_with_the_rules_off():
     relation on samples of one item: conv_1d's scramble, conv_transpose_2d's zero batches
     (where the linked ggml has it) and FLASH_ATTN_BACK's batch + GQA (whose writes past its
     result the guarded run catches first)."""
-    err, _ = _relation_with_rules_off("conv_1d", lambda s: True)
+    try:
+        err, _ = _relation_with_rules_off("conv_1d", lambda s: True)
+    except pyggml.GGMLError as e:           # a release whose kernels refuse these samples themselves
+        pytest.skip(f"ggml {pyggml.ggml_version()}: {e}")
     assert err > 0.1
     err, _ = _relation_with_rules_off("conv_transpose_2d_p0", lambda s: np.asarray(s.args[1].value).shape[0] == 1)
     if present("conv-transpose-2d-batch"):
@@ -112,9 +121,11 @@ def test_every_op_is_the_same_bits_on_one_thread_and_on_three_but_those_that_sum
     rows = parity.check(["op:cross_entropy_loss", "op:flash_attn_ext", "op:mul_mat", "op:soft_max_ext"],
                         paths=["ggml", "threads"])
     assert {(r.a, r.b) for r in rows} == {("ggml", "threads")}
-    assert all(r.verdict in ("ok", "refused") for r in rows)
+    assert all(r.verdict in FINE for r in rows)
     exact = [r for r in rows if r.verdict == "ok" and r.op in ("mul_mat", "soft_max_ext")]
     assert len(exact) > 50 and all(r.nmse == 0.0 and r.tol == 0.0 for r in exact)
+    if not built_from_the_pin():
+        return          # (which cases sum per thread is the pinned kernels' business)
     monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_THREADS", {})
     rows = parity.check(["op:cross_entropy_loss", "op:flash_attn_ext"], paths=["ggml", "threads"])
     failed = {(r.op, r.case) for r in rows if r.verdict == "fail"}
@@ -130,11 +141,13 @@ def test_views_and_their_contiguous_copies_and_in_place_twins_give_the_same_bits
                         paths=["ggml", "contiguous", "inplace"])
     assert {(r.a, r.b) for r in rows} == {("ggml", "contiguous"), ("ggml", "inplace")}
     assert {r.op for r in rows if r.b == "inplace"} == {"norm", "rms_norm", "add", "rope"}    # mul_mat has none
-    assert all(r.verdict in ("ok", "refused") for r in rows), [r.detail for r in rows if r.verdict != "ok"]
+    assert all(r.verdict in FINE for r in rows), [r.detail for r in rows if r.verdict not in FINE]
     assert sum(r.verdict == "ok" and r.nmse == 0.0 for r in rows) > 100
     # a case with only contiguous arguments has no contiguous row
     cases = {r.case for r in rows if r.b == "contiguous"}
     assert cases and all("contiguous (" not in c for c in cases)
+    if not built_from_the_pin():
+        return
     monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_LAYOUTS", {})
     rows = parity.check("op:norm", paths=["ggml", "contiguous"])
     assert {r.case for r in rows if r.verdict == "fail"} == {"F32 transposed (5, 4) eps=1e-05", "F32 transposed (5, 4) eps=0"}
@@ -146,7 +159,7 @@ def test_a_broadcast_operand_gives_what_it_gives_repeated_and_the_mapping_matter
     way (np.tile: head h takes h % heads) the GQA cases fail, so the relation sees it."""
     rows = parity.check(["op:flash_attn_ext", "op:mul_mat"], paths=["ggml", "repeated"])
     assert {(r.a, r.b) for r in rows} == {("ggml", "repeated")}
-    assert all(r.verdict == "ok" and r.nmse == 0.0 for r in rows)
+    assert all(r.verdict == "skipped" or r.verdict == "ok" and r.nmse == 0.0 for r in rows)
     gqa = {r.case for r in rows if r.op == "flash_attn_ext"}
     assert "F32 GQA 4 q heads on 2, DV != DK" in gqa and "F32 2 heads, no mask" not in gqa   # nothing to repeat
     assert any(r.op == "mul_mat" for r in rows)
@@ -166,6 +179,8 @@ def test_quantized_types_come_back_the_same_three_ways_or_the_table_says_why(mon
     assert "quant:IQ1_S" in {c.subject for c in runner.select(["quant:IQ1*"])}
     rows = parity.check(["quant:Q4_0", "quant:Q8_0", "quant:IQ4_NL", "quant:Q5_K"])
     assert {(r.a, r.b) for r in rows} == {("quantize", "cpy"), ("quantize", "requantize")}
+    if not built_from_the_pin():
+        return          # (QUANT_DIFFERS is measured on the pin's quantizers)
     assert all(r.verdict == "ok" for r in rows)
     exact = [r for r in rows if r.subject in ("quant:Q4_0", "quant:Q8_0")]
     assert len(exact) == 12 and all(r.nmse == 0.0 and r.tol == 0.0 for r in exact)

@@ -178,8 +178,10 @@ class OpSubject(Subject):
             return relations.threads_tolerance(self.op, case.type)
         if {a, b} == {"ggml", "contiguous"}:
             return relations.contiguous_tolerance(self.op)
-        if {a, b} in ({"ggml", "inplace"}, {"ggml", "repeated"}):
-            return 0.0          # the same kernel in its input's memory; the same rows, repeated
+        if {a, b} == {"ggml", "inplace"}:
+            return relations.inplace_tolerance(self.op)     # the same kernel, in its input's memory
+        if {a, b} == {"ggml", "repeated"}:
+            return 0.0          # the same rows, repeated
         if self.info.exact or {a, b} == {"ggml", "cpu-backend"} or {a, b} == set(RELATION_PATHS):
             return 0.0          # the same kernels on the same inputs (rows): the same bits
         tol = self.info.tolerance(Type[case.type])
