@@ -231,8 +231,8 @@ def batch_pair(info: OpInfo, sample: Sample, seed: int) -> tuple[Sample, list[Sa
     if spec is None:
         return f"{info.op} has no batch dimension declared (pyggml.parity.relations.BATCH)"
     dims, _ = spec
-    batched = [(i, a, dims[i]) for i, a in enumerate(sample.args)
-               if isinstance(a, Arg) and i < len(dims) and dims[i] is not None]
+    batched: list[tuple[int, Arg, int]] = [(i, a, d) for i, (a, d) in enumerate(zip(sample.args, dims))
+                                           if isinstance(a, Arg) and d is not None]
     if not batched:
         return "no argument of this sample is batched"
     if any(isinstance(a, pyggml.Tensor) for a in sample.args):
@@ -248,8 +248,8 @@ def batch_pair(info: OpInfo, sample: Sample, seed: int) -> tuple[Sample, list[Sa
             v = np.asarray(a.value)
             if v.ndim <= d:
                 v = v.reshape((1,) * (d + 1 - v.ndim) + v.shape)
-            items = [v] + [_shuffled(v, rng) for _ in range(n - 1)]
-            args[i] = _with_value(a, np.concatenate(items, axis=_axis(v, d)))
+            parts = [v] + [_shuffled(v, rng) for _ in range(n - 1)]
+            args[i] = _with_value(a, np.concatenate(parts, axis=_axis(v, d)))
         whole = Sample(tuple(args), f"{sample.name}, {n} items stacked")
     else:
         n = sizes.pop()

@@ -82,12 +82,12 @@ def _with_value(s: Sample, i: int, v: np.ndarray) -> Sample:
 
 
 def _candidates_dims(s: Sample):
-    sizes = {}
+    sizes: dict[int, set[int]] = {}
     for a in s.args:
         if isinstance(a, Arg):
             v = np.asarray(a.value)
             for d in range(v.ndim):
-                n = v.shape[_axis(v, d)]
+                n = v.shape[v.ndim - 1 - d]
                 if n > 1:
                     sizes.setdefault(d, set()).add(n)
     for d in sorted(sizes, reverse=True):           # the outer dimensions first

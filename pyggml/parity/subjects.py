@@ -121,9 +121,10 @@ class OpSubject(Subject):
         if path == "threads":
             n_threads = relations.other_threads(n_threads)
         elif path in ("contiguous", "repeated"):
-            s = relations.contiguous(s) if path == "contiguous" else relations.repeated(self.op, s)
-            if s is None:
+            other = relations.contiguous(s) if path == "contiguous" else relations.repeated(self.op, s)
+            if other is None:
                 return Outcome(verdict=NOT_APPLICABLE)
+            s = other
         info = self.info
         if path == "inplace":
             info = registry()[relations.inplace_twin(self.op)]
@@ -324,14 +325,11 @@ class QuantSubject(Subject):
         self.type = t
         self.name = f"quant:{t.name}"
         self.op = "cpy"
+        self.on_request = t.name in self.SLOW_INIT
 
     # types whose first quantization in a process builds search tables (0.8 to 5.5 s each on
     # a Zen 4 core, 10 s together, in every worker): checked when a selection names them
     SLOW_INIT = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S")
-
-    @property
-    def on_request(self) -> bool:
-        return self.type.name in self.SLOW_INIT
 
     def cases(self, seed: int, quick: bool) -> list[Case]:
         gens = ("normal", "uniform", "outliers")
