@@ -306,7 +306,7 @@ DEFECTS: tuple[Defect, ...] = (
         action="not refused (it depends on values): a NaN that reaches these ops becomes 0 and leaves no "
                "trace in the result (numpy and torch keep NaN); "
                "pyggml parity ulp counts it (NaN-)",
-        seen_in=("0.20.2", "0.25.3"),
+        seen_in=("0.9.4", "0.17.0", "0.20.2", "0.25.3"),
         shown_by=("tests/test_ulp.py::test_relu_sgn_step_hardsigmoid_and_leaky_relu_turn_nan_into_a_number",),
     ),
     Defect(

@@ -111,7 +111,10 @@ def test_the_relation_finds_the_batch_defects_with_the_rules_off():
     if not pyggml.build_info()["features"]["flash_attn_back"]:
         pytest.skip("this build has no FLASH_ATTN_BACK")
     err, verdict = _relation_with_rules_off("flash_attn_back", lambda s: "H=4 KVH=2" in s.name)
-    assert err > 0.1 and verdict in ("kernel-out-of-bounds", "")
+    if present("fab-batch-gqa-oob"):
+        assert err > 0.1 and verdict in ("kernel-out-of-bounds", "")
+    else:                                   # (a tree patched by scripts/patch_upstream.py)
+        assert err == 0.0 and verdict == ""
 
 
 def test_every_op_is_the_same_bits_on_one_thread_and_on_three_but_those_that_sum_per_thread(monkeypatch):
