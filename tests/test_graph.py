@@ -8,6 +8,7 @@ import pytest
 import pyggml
 from pyggml import Type, _core
 from pyggml.opinfo.harness import rules_disabled
+from conftest import trim_heap
 from sizes import FORKS_WHILE_THREADS_ALLOCATE, LONG_N, SANITIZED
 
 
@@ -274,6 +275,10 @@ def test_concurrent_computes_of_different_graphs_agree():
 
 
 def rss_bytes():
+    """The process's resident bytes, the heap's freed pages given back first: what earlier
+    tests left free in it (conftest gives it back after each module) neither hides nor
+    fakes growth."""
+    trim_heap()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
 
