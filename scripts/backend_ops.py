@@ -249,16 +249,17 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
     # the console only
     sql = mode == "support"
 
-    def one(op_filter: str | None) -> tuple[subprocess.CompletedProcess, list[dict[str, str]]]:
+    def one(op_filter: str | None) -> tuple[subprocess.CompletedProcess, list[dict[str, str]], float]:
         cmd: list = [*line_buffered, exe, mode, "-b", "CPU", *(["--output", "sql"] if sql else [])]
         if op_filter:
             cmd += ["-o", op_filter]
+        t = time.perf_counter()
         proc = _run(cmd, log, timeout if op_filter is None or per_op is None else min(timeout, OP_TIMEOUT_S))
-        return proc, parse_sql(proc.stdout) if sql else parse_console(proc.stdout)
+        return proc, parse_sql(proc.stdout) if sql else parse_console(proc.stdout), round(time.perf_counter() - t, 1)
 
     t0 = time.perf_counter()
     if per_op is None:
-        proc, rows = one(ops)
+        proc, rows, _ = one(ops)
         return {"rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1), "cases": len(rows),
                 "ops": summarize(rows)}
     from concurrent.futures import ThreadPoolExecutor
@@ -267,7 +268,7 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
         results = list(zip(per_op, pool.map(one, per_op)))
     summary: dict[str, dict[str, Any]] = {}
     cases, rc = 0, 0
-    for name, (proc, rows) in results:
+    for name, (proc, rows, seconds) in results:
         # (a case is named by its first line: the op it was asked for)
         mine = [r for r in rows if r["op_name"] == name]
         # exit 1: some case failed (its verdicts say which); a signal, or another status
@@ -278,6 +279,7 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
             # the case it died in: grad mode prints "OK" for a case before running it
             mine[-1].update(supported="1", passed="0", error_message=why or f"exit {proc.returncode}")
         got = summarize(mine).get(name, {"cases": 0, "supported": 0, "passed": 0, "failed": []})
+        got["seconds"] = seconds
         cases += got["cases"]
         if died:
             got.update(exit=proc.returncode, abort=why)
@@ -401,6 +403,9 @@ def report(upstream: dict[str, Any], found: dict[str, list[str]]) -> str:
         ok = sum(s["passed"] for s in ops.values())
         out.append(f"test-backend-ops {mode} -b CPU: {res.get('cases', 0)} cases, {sup} supported, {ok} passed, "
                    f"{len(ops)} ops ({res.get('seconds')} s, exit {res.get('rc')})")
+        slow = sorted((s["seconds"], name) for name, s in ops.items() if "seconds" in s)[::-1][:5]
+        if slow:        # (one run per op: where the mode's time goes)
+            out.append("  slowest: " + ", ".join(f"{name} {sec:g} s" for sec, name in slow))
     for kind, lines in found.items():
         out.append(f"  {titles[kind]}: {len(lines) or 'none'}")
         out += [f"    {line}" for line in lines]

@@ -256,6 +256,7 @@ class Step:
             f.write(f"\n$ {' '.join(map(str, cmd))}\n")
             f.flush()
             start = f.tell()
+            t0 = time.perf_counter()
             proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
@@ -273,7 +274,7 @@ class Step:
         with self.log.open("a") as f:
             if rc == TIMED_OUT and proc.returncode != TIMED_OUT:
                 f.write(f"[timed out after {timeout} s: its process group was killed]\n")
-            f.write(f"[exit {rc}]\n")
+            f.write(f"[{time.perf_counter() - t0:.1f} s]\n[exit {rc}]\n")
         return subprocess.CompletedProcess(cmd, rc, stdout=out)
 
 

@@ -214,6 +214,8 @@ def test_the_program_is_built_against_the_tree_and_its_modes_are_read(tmp_path):
     # grad runs per op, read from the console: GELU's run aborts in its second case (the
     # lines before it are kept: line buffered), ADD's is whole
     grad = doc["upstream"]["grad"]
+    seconds = {name: op.pop("seconds") for name, op in grad["ops"].items()}       # each op's run's time
+    assert set(seconds) == {"ADD", "GELU"} and all(0 <= s < 60 for s in seconds.values())
     assert grad["ops"]["ADD"] == {"cases": 2, "supported": 1, "passed": 1, "failed": []}
     assert grad["ops"]["GELU"] == {"cases": 2, "supported": 2, "passed": 0,
                                    "failed": ["type=f32,first", "type=f32,second"],
@@ -234,6 +236,9 @@ def test_an_op_whose_run_does_not_end_is_named_and_the_others_still_run(tmp_path
     t0 = time.monotonic()
     got = bo.run_mode(exe, "grad", tmp_path / "log", per_op=["ADD", "SLOW", "MUL"], jobs=2)
     assert time.monotonic() - t0 < 20
+    assert "  slowest: SLOW 1" in bo.report({"grad": got}, {})       # where the mode's time went
+    seconds = {name: op.pop("seconds") for name, op in got["ops"].items()}
+    assert 1 <= seconds["SLOW"] < 20 and seconds["ADD"] < 1         # the killed run took its limit
     assert got["ops"]["ADD"] == got["ops"]["MUL"] == {"cases": 1, "supported": 1, "passed": 1, "failed": []}
     assert got["ops"]["SLOW"] == {"cases": 0, "supported": 0, "passed": 0, "failed": [], "exit": 124,
                                   "abort": "ran past 1 s (killed)"}

@@ -219,6 +219,8 @@ def test_a_step_past_its_time_kills_its_whole_group_and_keeps_its_output(tmp_pat
     log = (tmp_path / "log.txt").read_text()
     assert "before the hang" in log and "[timed out after 3 s: its process group was killed]" in log
     assert log.rstrip().endswith("[exit 124]")
+    took = re.search(r"\[(\d+\.\d) s\]\n\[exit 124\]$", log.rstrip())      # the step's time, as it ended
+    assert took and 3 <= float(took.group(1)) < 30
     grandchild = int(pidfile.read_text())
     for _ in range(50):
         if not _alive(grandchild):
