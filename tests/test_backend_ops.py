@@ -4,6 +4,7 @@ the build and the run on a tiny stand-in ggml tree (a ``ggml`` library and a pro
 that prints what test-backend-ops prints), compiled with the machine's CMake."""
 
 import json
+import re
 import shutil
 import textwrap
 import time
@@ -243,3 +244,32 @@ def test_an_op_whose_run_does_not_end_is_named_and_the_others_still_run(tmp_path
     assert got["ops"]["SLOW"] == {"cases": 0, "supported": 0, "passed": 0, "failed": [], "exit": 124,
                                   "abort": "ran past 1 s (killed)"}
     assert bo.verdict(got["ops"]["SLOW"]) == "crashed" and bo.verdict(got["ops"]["ADD"]) == "ok"
+
+
+def test_a_split_op_runs_as_two_halves_side_by_side_and_reads_as_one(tmp_path):
+    """SHARDS: MUL_MAT's grad cases split by k's parity, and the second half is the first's
+    complement (every case in exactly one, whatever its params, k or none); the two runs'
+    verdicts merge into one entry."""
+    rx, rest = bo.shards("MUL_MAT")
+    cases = ["type_a=f32,type_b=f32,m=16,n=1,k=256,bs=[3,2]", "type_a=f16,type_b=f32,m=1057,n=1,k=129,bs=[1,1]",
+             "type_a=f32,m=128,n=1,k=1057,o=1", "type_a=f32,m=16,n=2,k=1056,o=1", "no_k=1", "k=3,first"]
+    halves = [[c for c in cases if re.search(r, "," + c + ",")] for r in (rx, rest)]
+    assert halves == [[cases[0], cases[3]], [cases[1], cases[2], cases[4], cases[5]]]
+    assert bo.shards("ADD") == (None,)
+    calls = tmp_path / "calls"
+    exe = tmp_path / "fake-backend-ops"
+    exe.write_text("#!/bin/sh\n"
+                   f"echo \"$5 $7\" >> {calls}\n"
+                   "case \"$7\" in\n"
+                   "  '^'*) printf '  %s(k=129): OK\\n  %s(k=1057): FAIL\\n' \"$5\" \"$5\"; exit 1 ;;\n"
+                   "  ?*) printf '  %s(k=128): OK\\n' \"$5\" ;;\n"
+                   "  *) printf '  %s(ne=[1]): OK\\n' \"$5\" ;;\n"
+                   "esac\n")
+    exe.chmod(0o755)
+    got = bo.run_mode(exe, "grad", tmp_path / "log", per_op=["ADD", "MUL_MAT"], jobs=2, split=True)
+    ran = [line.strip() for line in calls.read_text().splitlines()]
+    assert sorted(ran) == sorted(["ADD", f"MUL_MAT {rx}", f"MUL_MAT {rest}"]) and ran[-1] == "ADD"
+    mm = got["ops"]["MUL_MAT"]
+    assert (mm["cases"], mm["supported"], mm["passed"], mm["failed"]) == (3, 3, 2, ["k=1057"])
+    assert "exit" not in mm and got["cases"] == 4 and got["rc"] == 1
+    assert bo.run_mode(exe, "grad", tmp_path / "log", per_op=["MUL_MAT"], split=False)["ops"]["MUL_MAT"]["cases"] == 1
