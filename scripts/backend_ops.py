@@ -237,9 +237,9 @@ def _abort_line(text: str) -> str:
 
 # Ops whose per-op run is split in two by test-backend-ops' -p (a regex over a case's
 # params), the second the first's complement, so that the two halves run side by side.
-# Measured on a 2-core Zen 4, ggml 0.25.3's grad mode: MUL_MAT 264 of its 287 s (the next,
-# ROPE, 11.5 s); its heavy cases come in pairs (k = 128 and 129, 1056 and 1057), which
-# k's parity splits evenly.
+# Measured on a 2-core Zen 3 (AMD EPYC, family 25 model 1), ggml 0.25.3's grad mode:
+# MUL_MAT 264 of its 287 s (the next, ROPE, 11.5 s); its heavy cases come in pairs
+# (k = 128 and 129, 1056 and 1057), which k's parity splits evenly: 143 s split.
 SHARDS = {"MUL_MAT": r",k=[0-9]*[02468],"}
 
 
