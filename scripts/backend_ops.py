@@ -289,6 +289,7 @@ def run_mode(exe: Path, mode: str, log: Path, timeout: float = RUN_TIMEOUT_S, op
     tasks = [(name, p) for name in order for p in (shards(name) if split else (None,))]
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         results = list(zip(tasks, pool.map(one, tasks)))
+    results.sort(key=lambda r: per_op.index(r[0][0]))      # read in op order (rc: the first op's that failed)
     summary: dict[str, dict[str, Any]] = {}
     cases, rc = 0, 0
     for (name, _), (proc, rows, seconds) in results:

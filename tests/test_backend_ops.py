@@ -272,4 +272,5 @@ def test_a_split_op_runs_as_two_halves_side_by_side_and_reads_as_one(tmp_path):
     mm = got["ops"]["MUL_MAT"]
     assert (mm["cases"], mm["supported"], mm["passed"], mm["failed"]) == (3, 3, 2, ["k=1057"])
     assert "exit" not in mm and got["cases"] == 4 and got["rc"] == 1
+    assert list(got["ops"]) == ["ADD", "MUL_MAT"]        # in op order, whatever ran first
     assert bo.run_mode(exe, "grad", tmp_path / "log", per_op=["MUL_MAT"], split=False)["ops"]["MUL_MAT"]["cases"] == 1
