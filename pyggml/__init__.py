@@ -75,7 +75,7 @@ from pyggml._core import (
 from pyggml._graph import Graph
 from pyggml._cpu import DEFAULT_N_THREADS, CpuExecutor, proof_timeout, set_proof_timeout
 from pyggml._fab import flash_attn_back_offsets
-from pyggml._backend import Backend, GraphAllocator, Scheduler, backends, compare_graph_backend
+from pyggml._backend import Backend, GraphAllocator, Scheduler, backends, compare_graph_backend, rpc_protocol
 from pyggml._ops import *  # noqa: F401,F403  (every bound graph builder, from pyggml/ops.txt)
 from pyggml._ops import __all__ as _op_names
 from pyggml.errors import (
@@ -95,6 +95,7 @@ from pyggml.errors import (
     InUseError,
     KernelPreconditionError,
     KernelTimeout,
+    RPCError,
     UnsafeForkError,
     UnsupportedOpError,
     UpstreamDefect,
@@ -109,6 +110,8 @@ from pyggml.attention import (
     flash_attn_ext_backward,
 )
 from pyggml import reference
+from pyggml import rpc
+from pyggml.rpc import RPCServer, rpc_server
 
 try:
     __version__ = _version("pyggml")
@@ -118,13 +121,13 @@ except _NotFound:  # pragma: no cover - not installed (a source tree on sys.path
 __all__ = [
     "DEFAULT_GRAPH_SIZE", "DEFAULT_N_THREADS", "MAX_DIMS", "MAX_NAME", "MAX_SRC", "MEM_ALIGN",
     "Backend", "Context", "CpuExecutor", "Graph", "GraphAllocator", "Scheduler", "Storage", "Tensor", "backends",
-    "compare_graph_backend",
+    "compare_graph_backend", "rpc", "rpc_protocol", "rpc_server", "RPCServer",
     "GluOp", "Op", "OpHint", "OpPool", "Prec", "RopeType", "ScaleFlag", "ScaleMode", "SortOrder", "TriType", "Type", "UnaryOp",
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "ExportError", "GGMLAbort", "GGMLError",
     "KernelTimeout",
     "GGMLTypeError", "GGMLVersionError", "GGUFError", "GraphBusyError", "GraphFullError", "InternalError", "InUseError",
     "KernelPreconditionError",
-    "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
+    "RPCError", "UnsafeForkError", "UnsupportedOpError", "UpstreamDefect",
     "attention_backward", "attention_backward_node", "build_info", "flash_attn_back_grad_tensors",
     "flash_attn_back_grads", "flash_attn_back_offsets", "flash_attn_ext_backward", "flash_attn_ext_set_prec", "flash_attn_ext_set_n_kv_max", "flash_attn_ext_add_sinks", "soft_max_add_sinks", "prec_set_acc", "prec_set_src", "ggml_version", "graph_overhead", "tensor_overhead",
     "known_defects", "mul_mat_set_hint", "mul_mat_set_prec", "rope_set_offset", "op_coverage", "differentiable", "proof_timeout", "set_proof_timeout", "quantize", "dequantize", "reference", "set_input", "set_loss",

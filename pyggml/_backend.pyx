@@ -18,24 +18,27 @@ backend); ``close()`` refuses while a compute, a Scheduler or an Optimizer uses 
 
 cimport cython
 
+import math
+import re
 import threading
 import weakref
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint32_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
-from pyggml._core cimport (Allocation, Context, Storage, Tensor, allocation_of, arg_bool, arg_instance,
-                          guard_logged, need_open, raise_aborted, raise_status)
+from pyggml._core cimport (Allocation, Context, Remote, Storage, Tensor, allocation_of, arg_bool, arg_instance,
+                          free_backend_buffer, guard_logged, need_open, raise_aborted, raise_status, remote_call,
+                          remote_for)
 from pyggml._graph cimport Executor, Graph, tensor_in_use
 from pyggml._cpu cimport _need_threads, _plan, _prove, note_threads, run_interruptibly, wants_async
 
-from pyggml.errors import (ArgumentError, ComputeError, ContextFullError, GGMLAbort, GGMLVersionError,
-                           GraphBusyError, InUseError, UnsupportedOpError, UpstreamDefect)
+from pyggml.errors import (ArgumentError, ComputeError, ContextFullError, GGMLAbort, GGMLTypeError, GGMLVersionError,
+                           GraphBusyError, InUseError, RPCError, UnsupportedOpError, UpstreamDefect)
 
-__all__ = ["Backend", "GraphAllocator", "Scheduler", "backends", "compare_graph_backend"]
+__all__ = ["Backend", "GraphAllocator", "Scheduler", "backends", "compare_graph_backend", "rpc_protocol"]
 
 _DEV_TYPES = {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
               GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel"}
@@ -147,7 +150,10 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
             raise_status(&result, what)
         if prove:
             _prove(graph)
-        if wants_async(graph):
+        remote = _remote_of(backends)
+        if remote is not None:
+            _compute_remote(remote, graph, compute, arg, backends, keep, what, &result)
+        elif wants_async(graph):
             memset(&spec, 0, sizeof(spec))
             spec.graph = graph.ptr
             spec.compute = compute
@@ -174,6 +180,60 @@ cdef int compute_locked(Graph graph, pyggml_compute_fn compute, void * arg, bint
     return _raise_compute(&result, what, backends)
 
 
+cdef struct _RemoteCompute:
+    pyggml_compute_fn compute
+    void * arg
+    ggml_cgraph * graph
+    ggml_status status
+
+
+cdef void _remote_compute(void * p) noexcept nogil:
+    """The compute, then a read of one byte of its last node where that lies in a server's
+    memory: ggml-rpc sends the graph and returns before the server computed it (a failure
+    would show in the next call); a server computes what it receives in order, so the read
+    returns when the compute is done."""
+    cdef _RemoteCompute * c = <_RemoteCompute *>p
+    cdef unsigned char byte
+    c.status = c.compute(c.graph, c.arg)
+    cdef int n = ggml_graph_n_nodes(c.graph)
+    cdef ggml_tensor * last = ggml_graph_node(c.graph, n - 1) if n > 0 else NULL
+    if c.status == GGML_STATUS_SUCCESS and last != NULL and last.buffer != NULL and ggml_nbytes(last) > 0 \
+            and not ggml_backend_buffer_is_host(<ggml_backend_buffer_t>last.buffer):
+        ggml_backend_tensor_get(last, &byte, 0, 1)
+
+
+cdef Remote _remote_of(tuple backends):
+    """The RPC server of the first RPC backend among ``backends``, or None."""
+    cdef Backend b
+    for b in backends:
+        if b.remote is not None:
+            return b.remote
+    return None
+
+
+cdef int _compute_remote(Remote remote, Graph graph, pyggml_compute_fn compute, void * arg, tuple backends,
+                         object keep, str what, pyggml_status * result) except -1:
+    """A compute that reaches an RPC server: through remote_call (its time limit, its
+    faults, Ctrl-C). Given up, the compute may still run: the CPU backends it uses are
+    not used again either."""
+    cdef _RemoteCompute c
+    cdef Backend b
+    c.compute = compute
+    c.arg = arg
+    c.graph = graph.ptr
+    try:
+        remote_call(remote, _remote_compute, &c, sizeof(c), NULL, (graph, keep, backends), what)
+    except BaseException:
+        for b in backends:
+            if b.remote is None:
+                b._poisoned = True
+                b._poison_note = (f"a compute with the RPC server at {remote.endpoint} was given up while it "
+                                  f"used this backend, and may still run on it")
+        raise
+    pyggml_status_from_ggml(result, c.status)
+    return 0
+
+
 cdef int begin_compute(Graph graph, tuple backends, str what) except -1:
     """The shared prologue of a backend compute: the graph allocated and idle; then the
     backends locked and the graph busy (compute_locked gives both back)."""
@@ -187,22 +247,95 @@ cdef int begin_compute(Graph graph, tuple backends, str what) except -1:
     return 0
 
 
-cdef class Backend(Executor):
-    """Backend(name="CPU", n_threads=None)
+# ggml-rpc's name of a backend (ggml_backend_name): "RPC<device>[<host:port>]"
+_RPC_NAME = re.compile(r"RPC([0-9]+)\[(.+)\]\Z")
+from pyggml._core import DEFAULT_RPC_TIMEOUT_S
 
-    A ggml backend: ``"CPU"`` (always there), or the name of a device of
-    :func:`backends`. ``n_threads`` (CPU backend): threads per compute (default: as
+
+def rpc_protocol():
+    """rpc_protocol() -> (major, minor, patch) of the RPC protocol of the linked ggml
+    (ggml-rpc.h's RPC_PROTO_*_VERSION), or None in a build without ggml's RPC backend."""
+    cdef int major, minor, patch
+    if not pyggml_rpc_protocol(&major, &minor, &patch):
+        return None
+    return (major, minor, patch)
+
+
+def _rpc_serve(str endpoint, list devices, size_t n_threads, cache_dir):
+    """The RPC server (``ggml_backend_rpc_start_server``) in this process, over the
+    devices named ``devices``, with the GIL released: it returns only when it could not
+    start. For pyggml.rpc's server process."""
+    cdef ggml_backend_dev_t devs[16]
+    cdef size_t i, n = len(devices)
+    if not pyggml_rpc_built():
+        raise GGMLVersionError("rpc server: this pyggml was built without ggml's RPC backend")
+    if not 0 < n <= 16:
+        raise ArgumentError("rpc server: 1 to 16 devices")
+    for i in range(n):
+        devs[i] = ggml_backend_dev_by_name(devices[i].encode())
+        if devs[i] == NULL:
+            known = ", ".join(d["name"] for d in backends())
+            raise ArgumentError(f"rpc server: no device named {devices[i]!r} (devices: {known})")
+    b = endpoint.encode()
+    cdef const char * ep = b
+    cache = cache_dir.encode() if cache_dir is not None else None
+    cdef const char * c = NULL if cache is None else <const char *>cache
+    with nogil:
+        pyggml_rpc_serve(ep, c, n_threads, n, <void **>devs)
+    raise RPCError(f"rpc server: ggml_backend_rpc_start_server could not start at {endpoint} (is the address in "
+                   f"use? ggml printed why)", endpoint)
+
+
+cdef struct _RpcStart:
+    char endpoint[200]
+    uint32_t device
+    ggml_backend_t backend
+
+
+cdef void _rpc_start(void * p) noexcept nogil:
+    cdef _RpcStart * s = <_RpcStart *>p
+    s.backend = <ggml_backend_t>pyggml_rpc_init(s.endpoint, s.device)
+    if s.backend != NULL:
+        ggml_backend_get_default_buffer_type(s.backend)     # ggml-rpc asks the server once, and keeps it
+
+
+cdef struct _AllocCtx:
+    ggml_context * ctx
+    ggml_backend_t backend
+    ggml_backend_buffer_t buf
+
+
+cdef void _alloc_ctx(void * p) noexcept nogil:
+    cdef _AllocCtx * a = <_AllocCtx *>p
+    a.buf = ggml_backend_alloc_ctx_tensors(a.ctx, a.backend)
+
+
+cdef void _backend_free(void * p) noexcept nogil:
+    ggml_backend_free((<ggml_backend_t *>p)[0])
+
+
+cdef class Backend(Executor):
+    """Backend(name="CPU", n_threads=None, *, endpoint=None, timeout=None)
+
+    A ggml backend: ``"CPU"`` (always there), the name of a device of
+    :func:`backends`, or ``"RPC"`` with ``endpoint="host:port"``: a device of a server of
+    ggml's RPC backend (:mod:`pyggml.rpc`), its memory in the server's process; ``timeout``
+    (seconds, default 60) bounds every call that waits for that server, after which (or
+    when the server dies, or on Ctrl-C) the connection is given up and RPCError raised. ``n_threads`` (CPU backend): threads per compute (default: as
     :meth:`pyggml.Graph.compute`). One compute runs on a backend at a time: a compute
     from another thread waits for the running one. ``host``: whether its buffers are host
     memory (the CPU and BLAS backends; not a GPU's), which :meth:`Tensor.numpy` can show."""
 
-    def __cinit__(self, name="CPU", n_threads=None):
+    def __cinit__(self, name="CPU", n_threads=None, *, endpoint=None, timeout=None):
         self.ptr = NULL
         self._lock = threading.Lock()
+        self.remote = None
         if not isinstance(name, str):
             raise ArgumentError(f"Backend: name must be a str, not {type(name).__name__}")
         cdef ggml_backend_dev_t dev
-        if name.upper() == "CPU":
+        if name == "RPC" or _RPC_NAME.match(name) or endpoint is not None or timeout is not None:
+            self._start_rpc(name, endpoint, timeout)
+        elif name.upper() == "CPU":
             self.ptr = ggml_backend_cpu_init()
         else:
             dev = ggml_backend_dev_by_name(name.encode())
@@ -214,9 +347,78 @@ cdef class Backend(Executor):
             raise RuntimeError(f"Backend: ggml could not start the {name!r} backend")
         self.name = ggml_backend_name(self.ptr).decode()
         self.is_cpu = ggml_backend_is_cpu(self.ptr)
+        # (an RPC backend's buffer type was made by _start_rpc: no call reaches the server here)
         self.host = ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(self.ptr))
         self._use_ref = False
         self.n_threads = n_threads
+
+    cdef int _start_rpc(self, str name, object endpoint, object timeout) except -1:
+        """``Backend("RPC", endpoint=...)`` or ``Backend("RPC<device>[<endpoint>]")``
+        (ggml-rpc's name of the backend): the server answers pyggml's handshake first
+        (pyggml.rpc.handshake: reachable, the same protocol, the device exists), then
+        ggml-rpc connects, on a worker (remote_call)."""
+        cdef _RpcStart st
+        m = _RPC_NAME.match(name)
+        device = 0
+        if m is not None:
+            device = int(m.group(1))
+            if endpoint is not None and endpoint != m.group(2):
+                raise ArgumentError(f"Backend: name {name!r} names endpoint {m.group(2)!r}, and endpoint= {endpoint!r}")
+            endpoint = m.group(2)
+        elif name != "RPC":
+            raise ArgumentError(f"Backend: endpoint= and timeout= are for an RPC backend (name 'RPC'), not {name!r}")
+        if not pyggml_rpc_built():
+            raise GGMLVersionError("Backend: this pyggml was built without ggml's RPC backend (PYGGML_RPC=OFF, or a "
+                                   "system ggml without ggml-rpc)")
+        if endpoint is None:
+            raise ArgumentError("Backend: an RPC backend needs endpoint='host:port' (its server's address)")
+        if not isinstance(endpoint, str):
+            raise GGMLTypeError(f"Backend: endpoint must be a str 'host:port', not {type(endpoint).__name__}")
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or len(endpoint) >= 200 \
+                or any(c.isspace() or c in "[]" for c in host):
+            raise ArgumentError(f"Backend: endpoint must be 'host:port' with a port in [1, 65535], got {endpoint!r}")
+        if timeout is None:
+            limit = DEFAULT_RPC_TIMEOUT_S
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise GGMLTypeError(f"Backend: timeout must be a number of seconds, not {type(timeout).__name__}")
+        else:
+            limit = float(timeout)
+            if not (0 < limit < math.inf):
+                raise ArgumentError(f"Backend: timeout must be a positive, finite number of seconds, got {timeout!r}")
+        cdef Remote r = remote_for(endpoint)
+        r.need_alive("Backend")
+        from pyggml.rpc import connected, handshake
+        # while this process holds ggml-rpc's connection, ggml-rpc uses it (and the server,
+        # serving it, would not answer a handshake): what it said then stands
+        if not connected(endpoint) or r.devices == 0:
+            info = handshake(endpoint, timeout=min(limit, 10.0))
+            r.devices = info["devices"]
+        if device >= r.devices:
+            raise ArgumentError(f"Backend: the RPC server at {endpoint} has {r.devices} device(s); there is "
+                                f"no device {device}")
+        r.timeout = limit
+        b = endpoint.encode()
+        memset(&st, 0, sizeof(st))
+        memcpy(st.endpoint, <const char *>b, len(b))
+        st.device = device
+        remote_call(r, _rpc_start, &st, sizeof(st), NULL, None, "Backend")
+        if st.backend == NULL:
+            raise RPCError(f"Backend: ggml-rpc could not start a backend for {endpoint}", endpoint)
+        self.ptr = st.backend
+        self.remote = r
+        return 0
+
+    @property
+    def endpoint(self):
+        """An RPC backend's server ("host:port"); None for others."""
+        return None if self.remote is None else (<Remote>self.remote).endpoint
+
+    @property
+    def timeout(self):
+        """Seconds a call to an RPC backend's server may wait for it (None for others).
+        The endpoint's: every Backend of one server shares it."""
+        return None if self.remote is None else (<Remote>self.remote).timeout
 
     def __dealloc__(self):
         self._free()
@@ -224,9 +426,17 @@ cdef class Backend(Executor):
     cdef void _free(self) noexcept:
         # a backend whose C++ threw mid-compute holds a freed work buffer: ggml would free
         # it again (pyggml leaks it instead)
-        if self.ptr != NULL and not self._poisoned:
-            ggml_backend_free(self.ptr)
+        cdef ggml_backend_t p = self.ptr
         self.ptr = NULL
+        if p == NULL or self._poisoned:
+            return
+        if self.remote is None:
+            ggml_backend_free(p)
+        elif (<Remote>self.remote).dead is None:       # else: its connection was given up, and stays
+            try:
+                remote_call(self.remote, _backend_free, &p, sizeof(p), NULL, None, "close", True)
+            except BaseException:
+                pass
 
     def close(self):
         """Free the backend (idempotent); buffers it allocated stay valid. Raises
@@ -249,14 +459,19 @@ cdef class Backend(Executor):
         self.close()
 
     def __repr__(self):
-        return f"<pyggml.Backend {self.name}{' closed' if self.ptr == NULL else ''}>"
+        state = " closed" if self.ptr == NULL else ""
+        if self.remote is not None and (<Remote>self.remote).dead is not None:
+            state = " given up"
+        return f"<pyggml.Backend {self.name}{state}>"
 
     cdef int _need_open(self) except -1:
         if self.ptr == NULL:
             raise ArgumentError(f"Backend {self.name}: closed")
         if self._poisoned:
-            raise ArgumentError(f"Backend {self.name}: unusable since ggml ran out of memory in a compute on it; "
-                                f"make a new Backend")
+            raise ArgumentError(f"Backend {self.name}: unusable since "
+                                f"{self._poison_note or 'ggml ran out of memory in a compute on it'}; make a new Backend")
+        if self.remote is not None:
+            (<Remote>self.remote).need_alive(f"Backend {self.name}")
         return 0
 
     @property
@@ -326,7 +541,14 @@ cdef class Backend(Executor):
                 before.append(<uintptr_t>t)
             t = ggml_get_next_tensor(c.ptr, t)
         cdef _BufferAllocation alloc = _BufferAllocation.__new__(_BufferAllocation)
-        alloc.buf = ggml_backend_alloc_ctx_tensors(c.ptr, self.ptr)
+        cdef _AllocCtx ac
+        if self.remote is None:
+            alloc.buf = ggml_backend_alloc_ctx_tensors(c.ptr, self.ptr)
+        else:
+            ac.ctx = c.ptr
+            ac.backend = self.ptr
+            remote_call(self.remote, _alloc_ctx, &ac, sizeof(ac), NULL, (self, c), "alloc_ctx_tensors")
+            alloc.buf = ac.buf
         alloc.record(before, (c.pool,))
         if alloc.buf == NULL:
             # nothing to allocate; or ggml failed and freed what it had placed

@@ -12,7 +12,7 @@ cdef class _BufferAllocation(Allocation):
     def __dealloc__(self):
         self.release()
         if self.buf != NULL:
-            ggml_backend_buffer_free(self.buf)
+            free_backend_buffer(self.buf)
             self.buf = NULL
 
 
@@ -21,12 +21,14 @@ cdef class _BufferAllocation(Allocation):
 cdef class _Gallocation(Allocation):
     """One ggml_gallocr and the buffers it allocated."""
     cdef ggml_gallocr_t ptr
+    cdef Remote remote          # the RPC server of its buffers, or None
 
     def __dealloc__(self):
         self.release()
-        if self.ptr != NULL:
-            ggml_gallocr_free(self.ptr)
-            self.ptr = NULL
+        cdef void * p = self.ptr
+        self.ptr = NULL
+        if p != NULL:
+            _free_remotely(self.remote, _gallocr_free, p)
 
 
 @cython.final
@@ -44,6 +46,53 @@ cdef class _SchedAllocation(Allocation):
         if self.ptr != NULL:
             _sched_free(self.ptr, self.backends)
             self.ptr = NULL
+
+
+cdef void _gallocr_free(void * p) noexcept nogil:
+    ggml_gallocr_free((<ggml_gallocr_t *>p)[0])
+
+
+cdef void _sched_free_call(void * p) noexcept nogil:
+    ggml_backend_sched_free((<ggml_backend_sched_t *>p)[0])
+
+
+cdef void _free_remotely(Remote r, pyggml_remote_fn fn, void * p) noexcept:
+    """fn(&p): a free that may reach the RPC server ``r`` (None: call it here). A server
+    whose connection was given up keeps what it holds (a free would wait for it)."""
+    if r is None:
+        fn(&p)
+    elif r.dead is None:
+        try:
+            remote_call(r, fn, &p, sizeof(p), NULL, None, "free", True)
+        except BaseException:
+            pass
+
+
+cdef struct _AllocGraph:
+    pyggml_guard g
+    void * allocator            # a ggml_gallocr_t, or a ggml_backend_sched_t (sched)
+    ggml_cgraph * graph
+    bint sched
+    int ok
+    int rc
+
+
+cdef void _alloc_graph(void * p) noexcept nogil:
+    cdef _AllocGraph * a = <_AllocGraph *>p
+    if a.sched:
+        a.rc = pyggml_try_sched_alloc_graph(&a.g, <ggml_backend_sched_t>a.allocator, a.graph, &a.ok)
+    else:
+        a.rc = pyggml_try_gallocr_alloc_graph(&a.g, <ggml_gallocr_t>a.allocator, a.graph, &a.ok)
+
+
+cdef int _try_alloc_graph(Remote r, _AllocGraph * a, object keep) except -1:
+    """ggml_gallocr_alloc_graph or ggml_backend_sched_alloc_graph under the abort guard,
+    here, or through remote_call where the memory is an RPC server's (``r``)."""
+    if r is None:
+        _alloc_graph(a)
+    else:
+        remote_call(r, _alloc_graph, a, sizeof(a[0]), NULL, keep, "alloc_graph")
+    return 0
 
 
 cdef list _tensors_of(Graph graph):
@@ -215,20 +264,26 @@ cdef class GraphAllocator:
         alloc.ptr = ggml_gallocr_new(buft)
         if alloc.ptr == NULL:
             raise MemoryError("alloc_graph: ggml_gallocr_new failed")
-        cdef pyggml_guard g
-        cdef int ok = 0, rc
+        alloc.remote = self.backend.remote
+        cdef _AllocGraph a
+        a.allocator = alloc.ptr
+        a.graph = gr.ptr
+        a.sched = False
+        a.ok = 0
         cdef list before = _without_buffer(tensors)
         cdef list marked = _protect_inputs(tensors)
         try:
-            rc = pyggml_try_gallocr_alloc_graph(&g, alloc.ptr, gr.ptr, &ok)
+            _try_alloc_graph(alloc.remote, &a, (self, alloc, gr))
         finally:
             _unprotect(marked)
+        cdef pyggml_guard * g = &a.g
+        cdef int ok = a.ok, rc = a.rc
         if not rc or not ok:
             _after_failure(alloc, before, gr)
             if not rc:
-                raise_aborted(&g, "alloc_graph: ggml_gallocr_alloc_graph", "")
+                raise_aborted(g, "alloc_graph: ggml_gallocr_alloc_graph", "")
             raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer"
-                                   + guard_logged(&g))
+                                   + guard_logged(g))
         alloc.record(before, gr._pools)
         return self._history.add(alloc, gr)
 
@@ -241,7 +296,7 @@ cdef int _MAX_BACKENDS = 16
 cdef void _sched_free(ggml_backend_sched_t p, tuple backends) noexcept:
     """Free a scheduler of _sched_new: its backends may be closed again."""
     cdef Backend b
-    ggml_backend_sched_free(p)
+    _free_remotely(_remote_of(backends), _sched_free_call, p)
     for b in backends:
         b._users -= 1
 
@@ -352,25 +407,30 @@ cdef class Scheduler:
         alloc.graph = weakref.ref(gr)
         alloc.n_nodes = n_nodes
         alloc.members = set(tensors)
-        cdef pyggml_guard g
-        cdef int ok = 0, rc
+        cdef _AllocGraph a
+        a.allocator = alloc.ptr
+        a.graph = gr.ptr
+        a.sched = True
+        a.ok = 0
         cdef list before = _without_buffer(tensors)
         cdef list marked = _protect_inputs(tensors)
         try:
-            rc = pyggml_try_sched_alloc_graph(&g, alloc.ptr, gr.ptr, &ok)
+            _try_alloc_graph(_remote_of(self.backends), &a, (self, alloc, gr))
         finally:
             _unprotect(marked)
+        cdef pyggml_guard * g = &a.g
+        cdef int ok = a.ok, rc = a.rc
         if not rc:
             # the scheduler stopped midway: leak it (its state is unknown), let its backends go
             _after_failure(alloc, before, gr)
             alloc.ptr = NULL
             for b in self.backends:
                 b._users -= 1
-            raise_aborted(&g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
+            raise_aborted(g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
         if not ok:
             _after_failure(alloc, before, gr)
             raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers"
-                                   + guard_logged(&g))
+                                   + guard_logged(g))
         alloc.record(before, gr._pools)
         total = history.add(alloc, gr)
         self._current = alloc

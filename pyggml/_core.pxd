@@ -5,7 +5,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 
 from pyggml._ggml cimport ggml_context, ggml_tensor, ggml_type
-from pyggml._rt cimport pyggml_guard, pyggml_status
+from pyggml._rt cimport pyggml_guard, pyggml_remote_fn, pyggml_status
 
 
 cdef class Storage:
@@ -123,3 +123,19 @@ cdef str describe(const ggml_tensor * t)
 cdef object index_arg(object v, str arg, str op)
 cdef str short_message(str msg)
 cdef uint64_t tensor_bytes(const ggml_tensor * t, bint no_alloc) except? 0
+
+
+# calls that may reach an RPC server (_core_remote.pxi)
+cdef class Remote:
+    cdef readonly str endpoint
+    cdef public double timeout
+    cdef readonly object dead
+    cdef public int devices     # the server's device count, from the handshake (0: not asked yet)
+    cdef int need_alive(self, str what) except -1
+    cdef bint accepts(self)
+
+cdef Remote remote_for(str endpoint)
+cdef Remote remote_of_buffer(const void * buffer)
+cdef void * remote_call(Remote r, pyggml_remote_fn fn, void * arg, size_t size, void * owned, object keep,
+                        str what, bint quiet=*) except? NULL
+cdef void free_backend_buffer(void * buffer) noexcept

@@ -27,15 +27,16 @@ cimport cython
 from cpython.bytes cimport PyBytes_AsString
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, strlen
 
 cimport numpy as cnp
 
 from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport (ggml_backend_buffer_free, ggml_backend_buffer_get_base,
-                                   ggml_backend_buffer_get_size, ggml_backend_buffer_is_host,
-                                   ggml_backend_buffer_t, ggml_backend_tensor_get, ggml_backend_tensor_set)
+                                   ggml_backend_buffer_get_size, ggml_backend_buffer_get_type,
+                                   ggml_backend_buffer_is_host, ggml_backend_buffer_t, ggml_backend_buft_name,
+                                   ggml_backend_tensor_get, ggml_backend_tensor_set)
 from pyggml._rt cimport *
 
 import os
@@ -47,7 +48,7 @@ import numpy as np
 
 from pyggml.errors import (ArgumentError, ComputeError, ContextClosedError, ContextFullError, ExportError, GGMLAbort,
                            GGMLTypeError, GGMLVersionError, GGUFError, InternalError, KernelPreconditionError,
-                           KernelTimeout, UnsupportedOpError, UpstreamDefect)
+                           KernelTimeout, RPCError, UnsupportedOpError, UpstreamDefect)
 
 cnp.import_array()
 pyggml_guard_install()
@@ -250,7 +251,7 @@ cdef class Storage:
             self.ptr = NULL
             return
         if self.buffer != NULL:           # a backend buffer: ggml frees its memory
-            ggml_backend_buffer_free(<ggml_backend_buffer_t>self.buffer)
+            free_backend_buffer(self.buffer)
             self.buffer = NULL
             self.ptr = NULL
             return
@@ -412,3 +413,4 @@ include "_core_tensor.pxi"
 include "_core_ops.pxi"
 include "_core_errors.pxi"
 include "_core_quant.pxi"
+include "_core_remote.pxi"

@@ -424,7 +424,10 @@ cdef class Tensor:
         cdef size_t n = ggml_nbytes(self.ptr)
         if <size_t>out.nbytes != n:
             raise InternalError(f"get: {out.nbytes} bytes for a tensor of {n} (please report)")
-        if self.ptr.buffer != NULL:
+        cdef Remote r = remote_of_buffer(self.ptr.buffer)
+        if r is not None:
+            remote_tensor_io(r, self, cnp.PyArray_DATA(out), n, True)
+        elif self.ptr.buffer != NULL:
             with nogil:
                 ggml_backend_tensor_get(self.ptr, cnp.PyArray_DATA(out), 0, n)
         else:
@@ -453,7 +456,10 @@ cdef class Tensor:
         cdef size_t n = ggml_nbytes(self.ptr)
         if <size_t>src.nbytes != n:
             raise InternalError(f"set: {src.nbytes} bytes for a tensor of {n} (please report)")
-        if self.ptr.buffer != NULL:
+        cdef Remote r = remote_of_buffer(self.ptr.buffer)
+        if r is not None:
+            remote_tensor_io(r, self, cnp.PyArray_DATA(src), n, False)
+        elif self.ptr.buffer != NULL:
             with nogil:
                 ggml_backend_tensor_set(self.ptr, cnp.PyArray_DATA(src), 0, n)
         else:

@@ -73,6 +73,8 @@ cdef extern from "_compat.h" nogil:
     int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched)
     ggml_backend_t ggml_backend_sched_get_tensor_backend(ggml_backend_sched_t sched, ggml_tensor * node)
     bint ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft)
+    const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
+    ggml_backend_buffer_type_t ggml_backend_buffer_get_type(ggml_backend_buffer_t buffer)
 
 cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr * galloc, ggml_cgraph * graph, int * ok)

@@ -1,6 +1,6 @@
 # cython: language_level=3
 # Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t
 from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_status, ggml_tensor, ggml_threadpool
 
 cdef extern from "pyggml_rt.h" nogil:
@@ -115,6 +115,23 @@ cdef extern from "pyggml_rt.h" nogil:
     int pyggml_async_drain(int timeout_ms)
     bint pyggml_async_aborted(void * data) noexcept nogil
     int pyggml_openmp_loaded()
+
+    # ggml's RPC backend and the jobs that may reach a server (csrc/remote.c)
+    int pyggml_rpc_built()
+    int pyggml_rpc_protocol(int * major, int * minor, int * patch)
+    void * pyggml_rpc_init(const char * endpoint, uint32_t device)        # a ggml_backend_t
+    int pyggml_rpc_serve(const char * endpoint, const char * cache_dir, size_t n_threads, size_t n_devices,
+                         void ** devices)
+    void pyggml_remote_set_thread_probe(int (*probe)() noexcept nogil)
+    unsigned pyggml_remote_faults(char * message, size_t cap)
+    ctypedef void (*pyggml_remote_fn)(void * arg) noexcept nogil
+    ctypedef struct pyggml_remote_job:
+        pass
+    pyggml_remote_job * pyggml_remote_start(pyggml_remote_fn fn, const void * arg, size_t size, void * owned,
+                                            int * err)
+    int pyggml_remote_wait(pyggml_remote_job * job, int timeout_ms)
+    void pyggml_remote_finish(pyggml_remote_job * job, void * arg_out)
+    void pyggml_remote_abandon(pyggml_remote_job * job)
 
 
 # the blocked attention backward (csrc/attn_blocked.h) and its graph node (csrc/attn_node.c)

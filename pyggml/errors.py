@@ -32,7 +32,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError", "ComputeError", "ContextClosedError", "ContextFullError", "ExportError", "GGMLAbort",
     "GGMLError", "GGMLTypeError", "GGMLVersionError", "GGUFError", "GraphBusyError", "GraphFullError", "InUseError",
-    "InternalError", "KernelPreconditionError", "KernelTimeout", "UnsafeForkError", "UnsupportedOpError",
+    "InternalError", "KernelPreconditionError", "KernelTimeout", "RPCError", "UnsafeForkError", "UnsupportedOpError",
     "UpstreamDefect",
 ]
 
@@ -154,6 +154,18 @@ class ComputeError(GGMLError, RuntimeError):
     def __init__(self, message: str, status: str = ""):
         super().__init__(message)
         self.status = status
+
+
+class RPCError(GGMLError, ConnectionError):
+    """A call to a server of ggml's RPC backend failed: the server could not be reached,
+    speaks another protocol, closed the connection, or did not answer within the time
+    limit (``.endpoint``: its "host:port"). ggml-rpc itself would abort the process or
+    wait for ever; pyggml gives the connection up instead, and every later use of it
+    raises this too."""
+
+    def __init__(self, message: str, endpoint: str = "") -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
 
 
 class InternalError(GGMLError, RuntimeError):

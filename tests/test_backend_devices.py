@@ -6,7 +6,8 @@ CPU, and ``supports_op``'s refusals.
 The device: ``PYGGML_TEST_DEVICE`` (``scripts/gpu_check.sh`` sets it to ``CUDA0``), else each
 device of the build that is not the CPU or the BLAS backend (a GPU), else the CPU itself,
 so that these tests run in every build: on the CPU they check the host side of the same
-paths."""
+paths. And, in a build with ggml's RPC backend, ``RPC``: the CPU of a server
+(pyggml.rpc.RPCServer) on 127.0.0.1, memory Python cannot map, in every build."""
 
 import gc
 import os
@@ -26,7 +27,7 @@ def _under_test() -> list[str]:
     if env:
         return [env]
     gpus = [d["name"] for d in _DEVS if d["type"] not in ("cpu",) and d["name"] != "BLAS"]
-    return gpus or ["CPU"]
+    return (gpus or ["CPU"]) + (["RPC"] if pyggml.rpc_protocol() is not None else [])
 
 
 DEVICES = _under_test()
@@ -35,14 +36,23 @@ DEVICES = _under_test()
 @pytest.fixture(params=DEVICES, scope="module")
 def device(request):
     name = request.param
-    assert name in {d["name"] for d in _DEVS}, f"{name} is not among this build's devices"
-    be = pyggml.Backend(name)
+    server = None
+    if name == "RPC":
+        server = pyggml.rpc.RPCServer()
+        be = pyggml.Backend("RPC", endpoint=server.endpoint)
+    else:
+        assert name in {d["name"] for d in _DEVS}, f"{name} is not among this build's devices"
+        be = pyggml.Backend(name)
     yield be
     gc.collect()                  # a test's Scheduler over it, unreachable but not yet freed
     be.close()
+    if server is not None:
+        server.stop()
 
 
 def _info(be) -> dict:
+    if be.endpoint is not None:   # an RPC server's device: not in this process's registry
+        return {"name": be.name, "type": "gpu", "description": be.endpoint}
     return next(d for d in _DEVS if d["name"] == be.name)
 
 
@@ -56,7 +66,7 @@ def f32(*shape, seed=0):
 
 def test_the_device_reports_its_memory(device):
     d = _info(device)
-    if d["type"] == "gpu":
+    if d["type"] == "gpu" and device.endpoint is None:
         assert d["memory_total"] > 0 and 0 < d["memory_free"] <= d["memory_total"]
     assert d["description"]
 
@@ -174,9 +184,13 @@ def test_the_scheduler_gives_the_cpu_a_node_the_device_cannot_compute(device):
         sched.alloc_graph(g)
         for t, a in zip(ins, vals):
             t.set(a)
-        if not device.host:
+        if device.endpoint is not None:
+            # ggml-rpc's supports_op is true for every node (its TODO: "call the remote
+            # backend"): the scheduler gives the server the node, whose CPU computes it
+            assert sched.backend_of(node) is device
+        elif not device.host:
             assert sched.backend_of(node) is cpu
-        if device.host or pyggml.build_info()["kernels"]["known"]:
+        if device.host or device.endpoint is not None or pyggml.build_info()["kernels"]["known"]:
             sched.graph_compute(g)
             np.testing.assert_array_equal(node.get(), want)
         else:

@@ -102,6 +102,9 @@ static void on_ggml_abort(const char * message) {
         guard_abandon(g);
         longjmp(g->env, 1);
     }
+    /* ggml-rpc's client, on a thread that runs no Python (its dispatcher, a pyggml
+     * worker): the connection failed; park the thread instead (csrc/remote.c) */
+    pyggml_remote_park_if_rpc(message);
     /* not in a guarded call (a kernel, another library): ggml aborts after this returns */
     if (previous_callback != NULL) {
         previous_callback(message);
@@ -368,6 +371,9 @@ static int async_run(pyggml_async * a) {
     }
     /* before done is set: a caller that sees done has not handed the clean-up over */
     const int handed_over = pyggml_async_handoff(a);
+    /* whether this worker still counts for pyggml_async_drain (an abandoned one does not):
+     * claimed before done (after it the caller may free a), counted down after on_done */
+    const int counted = __atomic_exchange_n(&a->live_released, 1, __ATOMIC_ACQ_REL) == 0;
     void (*on_done)(void *, int) = a->on_done;
     void * on_done_arg = a->on_done_arg;
     if (!handed_over) {
@@ -385,7 +391,9 @@ static int async_run(pyggml_async * a) {
     if (on_done != NULL) {
         on_done(on_done_arg, handed_over);  /* handed over: the caller gave up waiting */
     }
-    live_add(-1);                           /* nothing of Python's left to run here */
+    if (counted) {
+        live_add(-1);                       /* nothing of Python's left to run here */
+    }
     return !handed_over;
 }
 
@@ -419,6 +427,7 @@ int pyggml_async_start(pyggml_async * a) {
     a->done = 0;
     a->abort = 0;
     a->handoff = 0;
+    a->live_released = 0;
     pyggml_status_clear(&a->result);
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
@@ -459,6 +468,12 @@ int pyggml_async_wait(pyggml_async * a, int timeout_ms) {
     int done = a->done;
     pthread_mutex_unlock(&a->mu);
     return done;
+}
+
+void pyggml_async_release_live(pyggml_async * a) {
+    if (__atomic_exchange_n(&a->live_released, 1, __ATOMIC_ACQ_REL) == 0) {
+        live_add(-1);
+    }
 }
 
 int pyggml_async_handoff(pyggml_async * a) {

@@ -184,6 +184,7 @@ typedef struct pyggml_async {
     int done;
     int abort;
     int handoff;
+    int live_released;      /* the worker no longer counts for pyggml_async_drain */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } pyggml_async;
@@ -192,6 +193,9 @@ PYGGML_RT_API int pyggml_async_start(pyggml_async * a);          /* 0, or an err
 PYGGML_RT_API int pyggml_async_wait(pyggml_async * a, int timeout_ms);   /* 1 when done */
 PYGGML_RT_API void pyggml_async_abort(pyggml_async * a);
 PYGGML_RT_API int pyggml_async_handoff(pyggml_async * a);
+/* a's worker no longer counts for pyggml_async_drain (once, whoever calls first: the
+ * worker when it returns, or a caller that abandons a worker that may never return) */
+PYGGML_RT_API void pyggml_async_release_live(pyggml_async * a);
 /* Wait (at most timeout_ms) until every worker has returned from on_done: at interpreter
  * exit, so that none is still in Python's or Cython's code when the interpreter
  * finalizes (a thread that wants the GIL then is ended in place, its frames abandoned).
@@ -476,6 +480,30 @@ PYGGML_RT_API int pyggml_gguf_write_nothrow(const pyggml_gguf_kv * kvs, int64_t 
                                             const char * path);
 PYGGML_RT_API int pyggml_gguf_write(const pyggml_gguf_kv * kvs, int64_t n_kv, struct ggml_tensor * const * tensors,
                                     int64_t n_tensors, const char * path, pyggml_status * st);
+
+/* --- ggml's RPC backend (remote.c) -------------------------------------------------------- */
+PYGGML_RT_API int pyggml_rpc_built(void);            /* 1 when this ggml has GGML_RPC */
+PYGGML_RT_API int pyggml_rpc_protocol(int * major, int * minor, int * patch);
+PYGGML_RT_API ggml_backend_t pyggml_rpc_init(const char * endpoint, uint32_t device);
+/* ggml_backend_rpc_start_server: returns only when it could not start (0: no GGML_RPC) */
+PYGGML_RT_API int pyggml_rpc_serve(const char * endpoint, const char * cache_dir, size_t n_threads,
+                                   size_t n_devices, ggml_backend_dev_t * devices);
+/* whether the calling thread runs Python (pyggml._core sets it: PyGILState_GetThisThreadState) */
+PYGGML_RT_API void pyggml_remote_set_thread_probe(int (*probe)(void));
+/* the abort callback's hook: an abort in ggml-rpc on a thread of no Python's parks it */
+PYGGML_RT_API void pyggml_remote_park_if_rpc(const char * message);
+/* how many threads ggml-rpc failed on so far, and the last one's message */
+PYGGML_RT_API unsigned pyggml_remote_faults(char * message, size_t cap);
+typedef void (*pyggml_remote_fn)(void * arg);
+typedef struct pyggml_remote_job pyggml_remote_job;
+/* fn(copy of arg) on a worker; owned (may be NULL) is freed with the job. NULL: *err set */
+PYGGML_RT_API pyggml_remote_job * pyggml_remote_start(pyggml_remote_fn fn, const void * arg, size_t size,
+                                                      void * owned, int * err);
+PYGGML_RT_API int pyggml_remote_wait(pyggml_remote_job * job, int timeout_ms);   /* 1 when done */
+/* after done: the job's copy of arg back into arg_out; owned is the caller's to free again */
+PYGGML_RT_API void pyggml_remote_finish(pyggml_remote_job * job, void * arg_out);
+/* the caller gives up on a job that may never return */
+PYGGML_RT_API void pyggml_remote_abandon(pyggml_remote_job * job);
 
 #ifdef __cplusplus
 }
