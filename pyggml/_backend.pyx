@@ -509,15 +509,18 @@ cdef class Backend(Executor):
         t._check()
         return bool(ggml_backend_supports_op(self.ptr, t.ptr))
 
-    def alloc_ctx_tensors(self, ctx):
-        """alloc_ctx_tensors(ctx) -> Storage or None
+    def alloc_ctx_tensors(self, ctx, weights=False):
+        """alloc_ctx_tensors(ctx, weights=False) -> Storage or None
 
         Allocate every tensor of the ``no_alloc`` context ``ctx`` that has no data yet in
         one buffer of this backend (``ggml_backend_alloc_ctx_tensors``); None when there
-        was none to allocate. The context keeps the buffer while it is open; on a host
+        was none to allocate. ``weights``: the buffer holds a model's weights
+        (``GGML_BACKEND_BUFFER_USAGE_WEIGHTS``, as llama.cpp marks its model's): ggml's
+        scheduler computes the nodes that read them on this backend. The context keeps the buffer while it is open; on a host
         buffer :meth:`pyggml.Tensor.numpy` is a zero-copy view, elsewhere use
         ``get()``/``set()``."""
         cdef Context c = arg_instance(ctx, Context, 'ctx', 'alloc_ctx_tensors')
+        cdef bint as_weights = arg_bool(weights, "weights", "alloc_ctx_tensors")
         self._need_open()
         need_open(c, "alloc_ctx_tensors")
         if not c.no_alloc:
@@ -557,6 +560,8 @@ cdef class Backend(Executor):
             if placed:
                 raise ContextFullError(f"alloc_ctx_tensors: {self.name} could not allocate the tensors' buffer")
             return None
+        if as_weights:
+            ggml_backend_buffer_set_usage(alloc.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         alloc.buffers.add(<uintptr_t>alloc.buf)
         cdef Storage s = alloc.storage(alloc.buf)
         for key in alloc.buffers:

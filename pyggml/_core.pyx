@@ -206,6 +206,7 @@ def build_info():
             "flash_attn_back": bool(PYGGML_HAVE_FLASH_ATTN_BACK),
             "use_ref": bool(PYGGML_HAVE_USE_REF),
             "rope_imrope": bool(PYGGML_HAVE_ROPE_IMROPE),
+            "rpc": bool(pyggml_rpc_built()),
         },
         "kernels": kernel_trust(),
     }

@@ -47,6 +47,9 @@ cdef extern from "_compat.h" nogil:
     void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
     bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
+    enum:
+        GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+    void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, int usage)
     void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
     void ggml_backend_tensor_get(const ggml_tensor * tensor, void * data, size_t offset, size_t size)
 

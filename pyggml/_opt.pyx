@@ -35,7 +35,8 @@ import threading
 import numpy as np
 
 from pyggml._core import Type
-from pyggml.errors import ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, InUseError, UpstreamDefect
+from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, InUseError,
+                           UnsupportedOpError, UpstreamDefect)
 
 cnp.import_array()
 
@@ -256,6 +257,15 @@ cdef class Optimizer:
         if type(opt_period) is not int or not 1 <= opt_period < (1 << 30):
             raise ArgumentError(f"Optimizer: opt_period must be an int >= 1, got {opt_period!r}")
         need_open(ctx_compute, "Optimizer")
+        cdef Backend rb
+        for rb in scheduler.backends:
+            if rb.remote is not None:
+                raise UnsupportedOpError(
+                    f"Optimizer: the scheduler's backend {rb.name} is an RPC server's, and pyggml cannot train "
+                    f"over one yet: it proves ggml-opt's graphs (ggml_opt_init, one batch) in a forked child, "
+                    f"which cannot use ggml-rpc's connection, and an epoch would wait on the server without "
+                    f"pyggml's time limit. Train over [CPU] (or a local device), or compute the forward graph "
+                    f"over RPC with Scheduler.graph_compute", "OPT", "", rb.name)
         inputs._check()
         outputs._check()
         cdef ggml_tensor * x = inputs.ptr

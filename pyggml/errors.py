@@ -22,6 +22,7 @@ caller of a Python library would expect, so ``except ValueError`` keeps working 
     │   └── GraphBusyError                  another thread computes (or builds) this graph
     ├── UnsafeForkError (RuntimeError)      threads requested where a fork left OpenMP unusable
     ├── ComputeError (RuntimeError)         ggml_graph_compute returned a failure status
+    ├── RPCError (ConnectionError)          an RPC server unreachable, of another protocol, dead or silent
     └── InternalError (RuntimeError)        pyggml broke one of its own invariants: please report
 
 No code in pyggml tells errors apart by their text: it catches these classes.

@@ -34,7 +34,7 @@ from typing import Any
 
 from pyggml.errors import ArgumentError, RPCError
 
-__all__ = ["RPCServer", "connected", "handshake", "rpc_server", "serve"]
+__all__ = ["RPCServer", "connected", "handshake", "remotes", "rpc_server", "serve"]
 
 # ggml-rpc's wire format (ggml/src/ggml-rpc/ggml-rpc.cpp): a command byte, a little-endian
 # uint64 size, the request; an answer is a uint64 size and the response.
@@ -171,6 +171,14 @@ def connected(endpoint: str) -> bool:
         if link.startswith("socket:[") and link[8:-1] in inodes:
             return True
     return False
+
+
+def remotes() -> dict[str, str | None]:
+    """remotes() -> dict: each RPC server this process has talked to ("host:port") -> None,
+    or why its connection was given up (after which the endpoint raises RPCError)."""
+    from pyggml._core import rpc_remotes
+
+    return dict(rpc_remotes())
 
 
 def serve(host: str = "127.0.0.1", port: int = 50052, devices: tuple[str, ...] = ("CPU",), n_threads: int = 1,

@@ -61,6 +61,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="worker processes that isolate crashes (default: one per usable core; 0: in this "
                          "process, unisolated, each guarded run in a forked child)")
     ap.add_argument("--threads", type=int, default=1, help="ggml's threads per computation (default 1)")
+    ap.add_argument("--rpc", metavar="HOST:PORT,...|auto", default=None,
+                    help="add the path backend:RPC: every op on a server of ggml's RPC backend, one per worker (a "
+                         "server serves one client at a time; at most that many workers run); 'auto' starts one "
+                         "server per worker on 127.0.0.1 (pyggml.rpc.RPCServer) and stops them after")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a case is a timeout row")
     ap.add_argument("--no-probe", action="store_true",
                     help="skip the guarded run that looks for reads and writes past each tensor")
@@ -173,6 +177,44 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
 
 
 def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """--rpc's servers around the sweep: PYGGML_RPC_ENDPOINT names the first here (the
+    path's name, a sweep in this process), each worker its own."""
+    if not args.rpc:
+        return _sweep_run(args, ap, None)
+    import os
+
+    import pyggml
+    from pyggml.parity.subjects import RPC_ENV
+
+    if pyggml.rpc_protocol() is None:
+        ap.error("--rpc: this pyggml was built without ggml's RPC backend")
+    servers = []
+    saved = os.environ.get(RPC_ENV)
+    try:
+        if args.rpc == "auto":
+            from pyggml.parity import runner
+            n = runner.default_workers() if args.workers is None else args.workers
+            servers = [pyggml.rpc.RPCServer() for _ in range(max(1, n))]
+            endpoints = [s.endpoint for s in servers]
+        else:
+            endpoints = [e.strip() for e in args.rpc.split(",") if e.strip()]
+            for e in endpoints:
+                try:
+                    pyggml.rpc.handshake(e)
+                except (pyggml.ArgumentError, pyggml.RPCError) as err:
+                    ap.error(f"--rpc {e}: {err}")
+        os.environ[RPC_ENV] = endpoints[0]
+        return _sweep_run(args, ap, endpoints)
+    finally:
+        for srv in servers:
+            srv.stop()
+        if saved is None:
+            os.environ.pop(RPC_ENV, None)
+        else:
+            os.environ[RPC_ENV] = saved
+
+
+def _sweep_run(args: argparse.Namespace, ap: argparse.ArgumentParser, rpc: list[str] | None) -> int:
     import pyggml
     from pyggml.parity import report, runner, store
     from pyggml.parity.subjects import all_subjects
@@ -226,7 +268,7 @@ def _sweep(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     stopped: tuple[int, str, str] | None = None      # exit status, why (the reports), the line for stderr
     try:
         rows, kept = runner.run_cases(cases, paths, workers, not args.no_probe, keep=bool(args.save),
-                                      timeout=args.timeout, progress=progress, n_threads=args.threads)
+                                      timeout=args.timeout, progress=progress, n_threads=args.threads, rpc=rpc)
     except runner.Interrupted as e:
         rows, kept = e.rows, e.kept
         stopped = (130, f"interrupted after {e.done} of {e.total} cases", f"interrupted: {e.done} of {e.total} "

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from pyggml.parity.model import BAD, NOT_APPLICABLE, Case, Outcome, Row, Subject, compare_outputs
-from pyggml.parity.subjects import all_subjects
+from pyggml.parity.subjects import RPC_ENV, all_subjects
 
 __all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "parse_shard", "run_cases", "select",
            "shard_of"]
@@ -196,21 +196,28 @@ def _worker_main(conn, paths, probe, keep, n_threads, stderr_path, timeout=300.0
 
 
 @contextlib.contextmanager
-def _worker_environment(n_threads: int):
+def _worker_environment(n_threads: int, endpoint: str | None = None):
     """The environment a worker starts with (spawn copies os.environ at start): with
     more than one ggml thread, OpenMP's threads sleep as soon as a computation ends
     (OMP_WAIT_POLICY=passive, unless the caller chose a policy). A sweep's computations
     are microseconds long, and libgomp's default spin after each one took the cores from
     the other workers: a full sweep on 2 cores with 2 workers of 2 threads took 108 s
-    spinning, 10 s passive (8.9 s on 1 thread)."""
-    if n_threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
-        yield
-        return
-    os.environ["OMP_WAIT_POLICY"] = "passive"
+    spinning, 10 s passive (8.9 s on 1 thread). ``endpoint``: the RPC server of the
+    worker's ``backend:RPC`` path (PYGGML_RPC_ENDPOINT; a server serves one client at a
+    time, so each worker has its own)."""
+    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", RPC_ENV)}
+    if n_threads > 1 and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+    if endpoint is not None:
+        os.environ[RPC_ENV] = endpoint
     try:
         yield
     finally:
-        os.environ.pop("OMP_WAIT_POLICY", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _in_main_thread() -> bool:
@@ -263,7 +270,8 @@ class _SigintFlag:
 
 class _Worker:
     def __init__(self, ctx: Any, paths: list[str] | None, probe: bool, keep: bool, n_threads: int,
-                 timeout: float) -> None:
+                 timeout: float, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint         # its RPC server (backend:RPC), or None
         self.inflight: list[tuple[int, Case]] = []
         self.retired = False             # it said its state is spent, and went (not a death)
         self.current: int | None = None
@@ -277,7 +285,7 @@ class _Worker:
             self.proc = ctx.Process(target=_worker_main, args=(child, paths, probe, keep, n_threads, self.stderr, timeout),
                                     daemon=True)
             try:
-                with _worker_environment(n_threads):
+                with _worker_environment(n_threads, endpoint):
                     _start_ignoring_sigint(self.proc)
             finally:
                 child.close()
@@ -332,11 +340,14 @@ def _death(proc) -> str:
 
 def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: int = 0, probe: bool = True,
               keep: bool = False, timeout: float = 300.0, batch: int = 16,
-              progress: Progress | None = None, n_threads: int = 1) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
+              progress: Progress | None = None, n_threads: int = 1,
+              rpc: list[str] | None = None) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
     """Check every case; rows in the order of ``cases``. ``workers`` processes (0: in
     this process); a case that takes more than ``timeout`` seconds is a ``timeout`` row.
     With ``keep``, also {case key: {path: arrays}}. ``n_threads``: ggml's threads per
-    computation.
+    computation. ``rpc``: RPC servers ("host:port") for the ``backend:RPC`` path, one per
+    worker (a server serves one client at a time): at most that many workers run; in this
+    process (``workers=0``), the first (the caller sets PYGGML_RPC_ENDPOINT).
 
     A worker that dies while computing a case makes that case a ``crashed`` row; one that
     dies between cases blames none, and its cases run again in a new worker. Ctrl-C
@@ -386,10 +397,11 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                     except OSError:      # it died already: its sentinel says so next round
                         pass
 
-            for _ in range(min(workers, max(1, len(cases)))):
+            for _ in range(min(workers, max(1, len(cases)), len(rpc) if rpc else workers)):
                 if sigint.hit:
                     break
-                pool.append(_Worker(ctx, paths, probe, keep, n_threads, timeout))
+                pool.append(_Worker(ctx, paths, probe, keep, n_threads, timeout,
+                                    rpc[len(pool)] if rpc else None))
                 feed(pool[-1])
             while not sigint.hit and any(w.inflight for w in pool):
                 busy = [w for w in pool if w.inflight]
@@ -420,7 +432,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                         todo.extend(reversed(w.inflight))
                         w.inflight = []
                         w.close()
-                        pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout)
+                        pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout, w.endpoint)
                         feed(nw)
                         continue
                     hung = w.current is not None and now - w.started > timeout
@@ -450,7 +462,7 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
                         if idle_deaths >= _IDLE_DEATHS:
                             raise WorkerError(f"{idle_deaths} parity workers in a row died before running a case "
                                               f"(last: {detail})", finished(), kept, len(results), len(cases))
-                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout)
+                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout, w.endpoint)
                     feed(nw)
         except BaseException:
             for w in pool:               # all at once: no worker waits for the others' joins

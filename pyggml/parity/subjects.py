@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import math
+import os
 import zlib
 from typing import Any, Callable, Iterable
 
@@ -411,15 +412,24 @@ def _backend(n_threads: int) -> pyggml.Backend:
     return pyggml.Backend("CPU", n_threads=n_threads)
 
 
+# the RPC server of the ``backend:RPC`` path ("host:port"): set per worker by the runner
+# (pyggml parity --rpc), since a server serves one client at a time
+RPC_ENV = "PYGGML_RPC_ENDPOINT"
+
+
 def device_paths() -> tuple[str, ...]:
     """``backend:NAME`` for each device of the linked ggml other than the CPU (the BLAS
-    backend of a PYGGML_BLAS build, a GPU): every registry op runs on it where its
-    ``supports_op`` says it can (``skipped`` elsewhere), judged by the reference."""
-    return tuple(f"backend:{d['name']}" for d in pyggml.backends() if d["type"] != "cpu")
+    backend of a PYGGML_BLAS build, a GPU), and ``backend:RPC`` where PYGGML_RPC_ENDPOINT
+    names an RPC server: every registry op runs on it where its ``supports_op`` says it
+    can (``skipped`` elsewhere), judged by the reference."""
+    rpc = ("backend:RPC",) if os.environ.get(RPC_ENV) else ()
+    return tuple(f"backend:{d['name']}" for d in pyggml.backends() if d["type"] != "cpu") + rpc
 
 
 @functools.lru_cache(maxsize=8)
 def _device(name: str) -> pyggml.Backend:
+    if name == "RPC":
+        return pyggml.Backend("RPC", endpoint=os.environ[RPC_ENV])
     return pyggml.Backend(name)
 
 
