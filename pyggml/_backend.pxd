@@ -17,7 +17,7 @@ cdef class Backend(Executor):
     cdef object _lock           # a threading.Lock: one compute at a time (lock_backends)
     cdef bint _poisoned         # ggml's C++ threw in a compute: the backend's state is unusable
     cdef str _poison_note       # why, where it is not the C++ exception (None)
-    cdef readonly object remote # an RPC backend's pyggml._core.Remote (its server), or None
+    cdef object remote          # an RPC backend's pyggml._core.Remote (its server), or None
     cdef void _free(self) noexcept
     cdef int _start_rpc(self, str name, object endpoint, object timeout) except -1
     cdef int _need_open(self) except -1
