@@ -94,3 +94,14 @@ def test_training_loop_is_adamw_on_the_true_gradient():
             P[k] = P[k] - lr * mh / (np.sqrt(vh) + 1e-8)
     np.testing.assert_allclose(losses[:5], want, rtol=1e-4)
     assert losses[-1] < losses[0] / 4 and ns["accuracy"] >= 0.9
+
+
+def test_rpc_example_computes_on_the_server(capsys):
+    import pyggml
+    if pyggml.rpc_protocol() is None:
+        pytest.skip("a build without ggml's RPC backend")
+    _run("with pyggml.rpc.RPCServer() as server:")
+    out = capsys.readouterr().out
+    assert re.search(r"^RPC0\[127\.0\.0\.1:\d+\]$", out, re.M), out
+    values = [float(v) for v in re.findall(r"\d+\.", out.split("]", 1)[1])]
+    assert values == [4.0] * 6, out
