@@ -5,12 +5,19 @@
 # pyggml._backend.
 
 from cpython.exc cimport PyErr_CheckSignals
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import socket
-import time
 
 cdef extern from "Python.h":
     void * PyGILState_GetThisThreadState() nogil
+
+
+cdef double _monotonic() noexcept nogil:
+    # C's clock: a finalizer's free may run while the interpreter tears its modules down
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef int _runs_python() noexcept nogil:
@@ -104,7 +111,7 @@ cdef void * remote_call(Remote r, pyggml_remote_fn fn, void * arg, size_t size, 
     cdef pyggml_remote_job * job = pyggml_remote_start(fn, arg, size, owned, &err)
     if job == NULL:
         raise OSError(err, f"{what}: cannot start a worker thread")
-    cdef double deadline = time.monotonic() + r.timeout
+    cdef double deadline = _monotonic() + r.timeout
     reason = None
     try:
         while True:
@@ -118,7 +125,7 @@ cdef void * remote_call(Remote r, pyggml_remote_fn fn, void * arg, size_t size, 
                     reason = (f"ggml-rpc lost the connection: {msg.decode(errors='replace').strip()}; the server "
                               f"takes no connections any more")
                     break
-            if time.monotonic() > deadline:
+            if _monotonic() > deadline:
                 reason = f"the server did not answer within {r.timeout:g} s (the Backend's timeout)"
                 break
             if not quiet:

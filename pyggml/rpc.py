@@ -40,10 +40,11 @@ __all__ = ["RPCServer", "connected", "handshake", "remotes", "rpc_server", "serv
 # uint64 size, the request; an answer is a uint64 size and the response.
 _CMD_HELLO = 14             # "RPC_CMD_HELLO must be always 14" (a static_assert of ggml-rpc)
 _CMD_DEVICE_COUNT = 15
-# protocol 7's HELLO carries RPC_CONN_CAPS_SIZE (24) bytes of transport capabilities (all zero:
-# plain TCP); its answer is major, minor, patch, one padding byte, and the server's 24
+# HELLO carries RPC_CONN_CAPS_SIZE (24) bytes of transport capabilities (all zero: plain TCP);
+# its answer is major, minor, patch, one padding byte, and the server's 24. So in the
+# protocols pyggml was checked against: 5.0.0 (ggml 0.20.2) and 7.0.0 (ggml 0.25.3).
 _CAPS = 24
-_PROTOCOL_MAJOR = 7
+_PROTOCOL_MAJORS = (5, 7)
 
 
 def _split(endpoint: str) -> tuple[str, int]:
@@ -59,8 +60,8 @@ def _recv(sock: socket.socket, n: int, endpoint: str, what: str) -> bytes:
         chunk = sock.recv(n - len(out))
         if not chunk:
             raise RPCError(f"the server at {endpoint} closed the connection during the handshake ({what}): it is "
-                           f"not an RPC server of protocol {_PROTOCOL_MAJOR}.x (such a server closes a connection "
-                           f"whose HELLO it cannot read), or it stopped", endpoint)
+                           f"not an RPC server of this ggml's protocol (such a server closes a connection whose "
+                           f"HELLO it cannot read), or it stopped", endpoint)
         out += chunk
     return out
 
@@ -79,9 +80,9 @@ def handshake(endpoint: str, timeout: float = 10.0) -> dict[str, Any]:
     mine = rpc_protocol()
     if mine is None:
         raise RPCError("this pyggml was built without ggml's RPC backend (PYGGML_RPC=OFF)", endpoint)
-    if mine[0] != _PROTOCOL_MAJOR:
+    if mine[0] not in _PROTOCOL_MAJORS:
         raise RPCError(f"this ggml speaks RPC protocol {mine[0]}.{mine[1]}.{mine[2]}; pyggml's handshake knows "
-                       f"protocol {_PROTOCOL_MAJOR}.x only", endpoint)
+                       f"protocols {' and '.join(f'{m}.x' for m in _PROTOCOL_MAJORS)} only", endpoint)
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except socket.timeout:
@@ -95,7 +96,7 @@ def handshake(endpoint: str, timeout: float = 10.0) -> dict[str, Any]:
         size = struct.unpack("<Q", _recv(sock, 8, endpoint, "HELLO"))[0]
         if size != 4 + _CAPS:
             raise RPCError(f"the server at {endpoint} answered HELLO with {size} bytes, where protocol "
-                           f"{_PROTOCOL_MAJOR}.x answers {4 + _CAPS}: it speaks another protocol", endpoint)
+                           f"{mine[0]}.x answers {4 + _CAPS}: it speaks another protocol", endpoint)
         rsp = _recv(sock, size, endpoint, "HELLO")
         version = (rsp[0], rsp[1], rsp[2])
         if version[0] != mine[0] or version[1] > mine[1]:
@@ -112,7 +113,7 @@ def handshake(endpoint: str, timeout: float = 10.0) -> dict[str, Any]:
                        f"serves one client at a time: is another connected?)", endpoint) from None
     except ConnectionResetError:
         raise RPCError(f"the server at {endpoint} closed the connection during the handshake (reset): it is not an "
-                       f"RPC server of protocol {_PROTOCOL_MAJOR}.x, or it stopped", endpoint) from None
+                       f"RPC server of this ggml's protocol, or it stopped", endpoint) from None
     except OSError as e:
         raise RPCError(f"the handshake with {endpoint} failed: {e.strerror or e}", endpoint) from None
     finally:
