@@ -6,7 +6,7 @@ from libc.stdint cimport int32_t, int64_t
 
 from pyggml._ggml cimport c_bool, ggml_context, ggml_tensor, ggml_type
 from pyggml._ggml_backend cimport ggml_backend_sched_t, ggml_backend_t
-from pyggml._rt cimport pyggml_status
+from pyggml._rt cimport pyggml_guard, pyggml_status
 
 
 cdef extern from "ggml-opt.h" nogil:
@@ -112,3 +112,6 @@ cdef extern from "pyggml_rt.h" nogil:
         ggml_opt_epoch_callback callback
         int exception
     void pyggml_opt_epoch_nothrow(void * arg, const int * abort) noexcept
+    int pyggml_try_opt_init(pyggml_guard * g, ggml_opt_params params, ggml_opt_context_t * out) noexcept
+    int pyggml_try_opt_epoch(pyggml_guard * g, pyggml_epoch * e) noexcept
+    int pyggml_try_opt_reset(pyggml_guard * g, ggml_opt_context_t opt, int optimizer) noexcept

@@ -11,7 +11,11 @@ batch). :func:`pyggml.opt.fit` is the loop over epochs.
 ggml-opt aborts the process on what it cannot do. pyggml checks the arguments it can
 (shapes, types, parameter values, the forward graph as Graph.build_backward_expand
 does) and then proves the rest once: ``ggml_opt_init``, an allocation and one training
-batch run first in a forked child, whose abort becomes :class:`~pyggml.GGMLAbort`.
+batch run first in a forked child, whose abort becomes :class:`~pyggml.GGMLAbort`. Over a
+scheduler with an RPC backend (whose server a forked child cannot reach) ggml-opt's calls
+run instead under the abort guard on remote_call's worker (pyggml._core), with the
+server's time limit; an abort there, or a connection given up, leaves the Optimizer
+unusable.
 """
 
 cimport cython
@@ -25,7 +29,7 @@ from pyggml._ggml_opt cimport *
 from pyggml._rt cimport *
 from libc.string cimport memset
 
-from pyggml._core cimport Context, Tensor, need_open, raise_status
+from pyggml._core cimport Context, Remote, Tensor, need_open, raise_aborted, raise_status, remote_call
 from pyggml._backend cimport Backend, Scheduler, lock_backends, set_callback_holds, unlock_backends
 from pyggml._cpu cimport _need_threads, note_threads, proof_limit, run_interruptibly
 from pyggml._graph cimport Graph
@@ -36,7 +40,7 @@ import numpy as np
 
 from pyggml._core import Type
 from pyggml.errors import (ArgumentError, ContextClosedError, ContextFullError, GGMLAbort, InUseError,
-                           UnsupportedOpError, UpstreamDefect)
+                           UpstreamDefect)
 
 cnp.import_array()
 
@@ -152,8 +156,23 @@ cdef bint _epoch_cancelled = False       # the caller stopped waiting (Ctrl-C): 
 cdef long _callback_thread = 0           # the thread running the callback, while it runs
 
 
+# An epoch over an RPC server runs on remote_call's worker, and may outlive a caller that
+# gave it up: its thread carries its tag, and a batch of an epoch that is not the current
+# one calls nobody back (the callback of a later epoch is not its).
+cdef extern from *:
+    """
+    static _Thread_local unsigned long pyggml_opt_epoch_tag;
+    """
+    unsigned long pyggml_opt_epoch_tag
+
+cdef unsigned long _current_tag = 0
+cdef unsigned long _last_tag = 0
+
+
 cdef void _on_batch(c_bool train, ggml_opt_context_t opt_ctx, ggml_opt_dataset_t dataset, ggml_opt_result_t result,
                     int64_t ibatch, int64_t ibatch_max, int64_t t_start_us) noexcept nogil:
+    if pyggml_opt_epoch_tag != 0 and pyggml_opt_epoch_tag != _current_tag:
+        return
     with gil:
         _call_back(train, result, ibatch, ibatch_max)
 
@@ -228,6 +247,40 @@ cdef class _Probe:
     cdef _ProbeTask t
 
 
+cdef struct _RemoteOpt:
+    pyggml_guard g
+    int what                    # 0 init, 1 epoch, 2 reset, 3 free
+    int rc
+    ggml_opt_params params
+    ggml_opt_context_t opt
+    pyggml_epoch * epoch
+    unsigned long tag
+    int optimizer
+
+
+cdef void _remote_opt(void * p) noexcept nogil:
+    cdef _RemoteOpt * r = <_RemoteOpt *>p
+    if r.what == 0:
+        r.rc = pyggml_try_opt_init(&r.g, r.params, &r.opt)
+    elif r.what == 1:
+        pyggml_opt_epoch_tag = r.tag
+        r.rc = pyggml_try_opt_epoch(&r.g, r.epoch)
+        pyggml_opt_epoch_tag = 0
+    elif r.what == 2:
+        r.rc = pyggml_try_opt_reset(&r.g, r.opt, r.optimizer)
+    else:
+        ggml_opt_free(r.opt)
+        r.rc = 1
+
+
+cdef Remote _remote_of_sched(Scheduler scheduler):
+    cdef Backend b
+    for b in scheduler.backends:
+        if b.remote is not None:
+            return b.remote
+    return None
+
+
 @cython.final
 cdef class Optimizer:
     """Optimizer(scheduler, ctx_compute, inputs, outputs, loss="cross_entropy", optimizer="adamw", opt_period=1)
@@ -243,6 +296,8 @@ cdef class Optimizer:
     cdef readonly Scheduler scheduler
     cdef readonly str loss, optimizer
     cdef ggml_opt_optimizer_params _params
+    cdef Remote _remote               # the RPC server of the scheduler's (first) RPC backend, or None
+    cdef str _given_up                # why it is unusable (an abort or a connection given up), or None
     cdef tuple _keep                  # the contexts the graphs live in: checked open before use
     cdef object _pools                # their pools: ggml-opt's graphs live there, whatever closes
     cdef Tensor _inputs, _outputs
@@ -257,15 +312,6 @@ cdef class Optimizer:
         if type(opt_period) is not int or not 1 <= opt_period < (1 << 30):
             raise ArgumentError(f"Optimizer: opt_period must be an int >= 1, got {opt_period!r}")
         need_open(ctx_compute, "Optimizer")
-        cdef Backend rb
-        for rb in scheduler.backends:
-            if rb.remote is not None:
-                raise UnsupportedOpError(
-                    f"Optimizer: the scheduler's backend {rb.name} is an RPC server's, and pyggml cannot train "
-                    f"over one yet: it proves ggml-opt's graphs (ggml_opt_init, one batch) in a forked child, "
-                    f"which cannot use ggml-rpc's connection, and an epoch would wait on the server without "
-                    f"pyggml's time limit. Train over [CPU] (or a local device), or compute the forward graph "
-                    f"over RPC with Scheduler.graph_compute", "OPT", "", rb.name)
         inputs._check()
         outputs._check()
         cdef ggml_tensor * x = inputs.ptr
@@ -301,9 +347,24 @@ cdef class Optimizer:
         # by ggml (it checks the pool's size itself): the rest of the pool is its to use
         # (in ASan builds pyggml poisons the pool bytes no object was reserved for)
         ctx_compute._reserve(ctx_compute.mem_size - ggml_used_mem(ctx_compute.ptr), "Optimizer")
-        self._prove(params)
-        with nogil:
-            self.ptr = pyggml_opt_init_nothrow(params)
+        self._remote = _remote_of_sched(scheduler)
+        cdef _RemoteOpt r
+        if self._remote is None:
+            self._prove(params)
+            with nogil:
+                self.ptr = pyggml_opt_init_nothrow(params)
+        else:
+            for b in scheduler.backends:
+                (<Backend>b)._need_open()
+            memset(&r, 0, sizeof(r))
+            r.what = 0
+            r.params = params
+            remote_call(self._remote, _remote_opt, &r, sizeof(r), NULL, (self, scheduler, ctx_compute, inputs,
+                                                                           outputs, g), "Optimizer")
+            if not r.rc:
+                self._given_up = "ggml_opt_init aborted"
+                raise_aborted(&r.g, "Optimizer (ggml-opt)", "")
+            self.ptr = r.opt
         if self.ptr == NULL:
             raise ContextFullError("Optimizer: ggml_opt_init ran out of memory")
 
@@ -330,9 +391,21 @@ cdef class Optimizer:
         return raise_status(&probe.t.status, "Optimizer (ggml-opt)")
 
     def __dealloc__(self):
-        if self.ptr != NULL:
+        cdef _RemoteOpt r
+        if self.ptr == NULL:
+            return
+        if self._remote is None:
             ggml_opt_free(self.ptr)
-            self.ptr = NULL
+        elif self._given_up is None and self._remote.dead is None:
+            # (given up: its buffers are the server's, and its state is not to be trusted)
+            memset(&r, 0, sizeof(r))
+            r.what = 3
+            r.opt = self.ptr
+            try:
+                remote_call(self._remote, _remote_opt, &r, sizeof(r), NULL, None, "free", True)
+            except BaseException:
+                pass
+        self.ptr = NULL
 
     def __repr__(self):
         return f"<pyggml.Optimizer {self.optimizer}, loss {self.loss}>"
@@ -345,6 +418,8 @@ cdef class Optimizer:
     cdef int _check(self) except -1:
         if self.ptr == NULL:
             raise ArgumentError("Optimizer: not initialised")
+        if self._given_up is not None:
+            raise ArgumentError(f"Optimizer: unusable since {self._given_up}; make a new one")
         for c in self._keep:
             if (<Context>c).ptr == NULL:
                 raise ContextClosedError("Optimizer: a context its graphs live in was closed")
@@ -389,8 +464,23 @@ cdef class Optimizer:
         """reset(optimizer=True): gradients to zero; with ``optimizer`` also the
         optimizer's state (moments, step count)."""
         self._check()
+        cdef _RemoteOpt r
         with _between_epochs("reset"):
-            ggml_opt_reset(self.ptr, bool(optimizer))
+            if self._remote is None:
+                ggml_opt_reset(self.ptr, bool(optimizer))
+                return
+            memset(&r, 0, sizeof(r))
+            r.what = 2
+            r.opt = self.ptr
+            r.optimizer = bool(optimizer)
+            try:
+                remote_call(self._remote, _remote_opt, &r, sizeof(r), NULL, (self,), "reset")
+            except BaseException as e:
+                self._given_up = f"its reset was given up ({type(e).__name__})"
+                raise
+            if not r.rc:
+                self._given_up = "ggml_opt_reset aborted"
+                raise_aborted(&r.g, "reset (ggml-opt)", "")
 
     def shuffle(self, Dataset dataset not None, idata=-1):
         """shuffle(dataset, idata=-1): shuffle the shards of the first ``idata`` points
@@ -485,6 +575,8 @@ cdef class Optimizer:
         except BaseException:
             _end_epoch(backends)
             raise
+        if self._remote is not None:
+            return _remote_epoch(self, dataset, state, backends)
         try:
             run_interruptibly(&spec, NULL, NULL, cpu, n_cpu, None, (self, dataset, state),
                               lambda: _end_epoch(backends), NULL)
@@ -499,6 +591,53 @@ cdef class Optimizer:
         if err is not None:
             raise err
         return _result(state.e.result_train), _result(state.e.result_eval)
+
+
+cdef tuple _remote_epoch(Optimizer self, Dataset dataset, _EpochState state, tuple backends):
+    """The epoch over an RPC server: through remote_call, under the abort guard; the
+    epoch lock and the backends held until it returns or is given up. Given up (the time
+    limit, Ctrl-C, the connection lost), the epoch may still run on the worker: the
+    Optimizer and the scheduler's CPU backends are not used again, and its batches call
+    nobody back (their tag is no longer the current one)."""
+    global _current_tag, _last_tag, _callback_error, _epoch_cancelled
+    cdef _RemoteOpt r
+    cdef Backend b
+    memset(&r, 0, sizeof(r))
+    r.what = 1
+    r.epoch = &state.e
+    _last_tag += 1
+    _current_tag = r.tag = _last_tag
+    try:
+        remote_call(self._remote, _remote_opt, &r, sizeof(r), NULL, (self, dataset, state), "epoch")
+    except BaseException as e:
+        _epoch_cancelled = True
+        self._given_up = f"an epoch over {self._remote.endpoint} was given up ({type(e).__name__})"
+        for b in backends:
+            if b.remote is None:
+                b._poisoned = True
+                b._poison_note = "an epoch that used it was given up, and may still run on it"
+        _end_remote_epoch(backends)
+        raise
+    _end_remote_epoch(backends)
+    err, _callback_error = _callback_error, None
+    if not r.rc:
+        self._given_up = "ggml_opt_epoch aborted"
+        raise_aborted(&r.g, "epoch (ggml-opt)", "")
+    cdef pyggml_status failed
+    if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
+        for b in backends:
+            b._poisoned = True
+        raise_status(&failed, "epoch", "; the scheduler's backends are not usable any more")
+    if err is not None:
+        raise err
+    return _result(state.e.result_train), _result(state.e.result_eval)
+
+
+cdef int _end_remote_epoch(tuple backends) except -1:
+    global _current_tag
+    _current_tag = 0
+    _end_epoch(backends)
+    return 0
 
 
 cdef int _check_forward(Graph g) except -1:

@@ -150,3 +150,38 @@ int pyggml_opt_dry_run(pyggml_opt_probe * probe, double timeout_s, const int * a
     const int rc = pyggml_dry_run(opt_probe, probe, timeout_s, abort, st->msg, sizeof st->msg, &how);
     return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }
+
+/* --- ggml-opt over an RPC server: under the abort guard, on remote_call's worker ------------
+ * The forked proof cannot reach an RPC server (a child has no ggml-rpc dispatcher thread):
+ * over one, ggml-opt's calls run under the abort guard instead, on the worker thread, so that
+ * an assertion of ggml-opt's is a GGMLAbort (the optimizer's state is then not to be trusted:
+ * pyggml._opt gives it up). Each returns 1, or 0 when ggml aborted (g->message says how). */
+int pyggml_try_opt_init(pyggml_guard * g, struct ggml_opt_params params, ggml_opt_context_t * out) {
+    pyggml_guard_enter(g);
+    if (setjmp(g->env) == 0) {
+        *out = pyggml_opt_init_nothrow(params);
+        pyggml_guard_leave(g);
+        return 1;
+    }
+    return 0;
+}
+
+int pyggml_try_opt_epoch(pyggml_guard * g, pyggml_epoch * e) {
+    pyggml_guard_enter(g);
+    if (setjmp(g->env) == 0) {
+        pyggml_opt_epoch_nothrow(e, NULL);
+        pyggml_guard_leave(g);
+        return 1;
+    }
+    return 0;
+}
+
+int pyggml_try_opt_reset(pyggml_guard * g, ggml_opt_context_t opt, int optimizer) {
+    pyggml_guard_enter(g);
+    if (setjmp(g->env) == 0) {
+        ggml_opt_reset(opt, optimizer != 0);
+        pyggml_guard_leave(g);
+        return 1;
+    }
+    return 0;
+}

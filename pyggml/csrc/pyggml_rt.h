@@ -447,6 +447,10 @@ typedef struct pyggml_epoch {
     int exception;
 } pyggml_epoch;
 PYGGML_RT_API void pyggml_opt_epoch_nothrow(void * arg, const int * abort);
+/* ggml-opt over an RPC server: under the abort guard (backend.c); 1, or 0 when ggml aborted */
+PYGGML_RT_API int pyggml_try_opt_init(pyggml_guard * g, struct ggml_opt_params params, ggml_opt_context_t * out);
+PYGGML_RT_API int pyggml_try_opt_epoch(pyggml_guard * g, pyggml_epoch * e);
+PYGGML_RT_API int pyggml_try_opt_reset(pyggml_guard * g, ggml_opt_context_t opt, int optimizer);
 
 /* --- GGUF files (gguf_io.c) -----------------------------------------------------------------
  * ggml's reader (gguf_init_from_file, no_alloc: the metadata and a context of tensor
