@@ -223,10 +223,14 @@ class RPCServer:
         for _ in range(3 if port == 0 else 1):     # a port picked free may be taken before the server binds it
             p = port or _free_port(host)
             self.endpoint = f"{host}:{p}"
+            # cwd: a folder of no package's, since ``python -m`` puts the working folder first on
+            # sys.path, and a source checkout's pyggml/ there (no compiled modules) would shadow
+            # the installed one
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pyggml.rpc", "--host", host, "--port", str(p), "--device", device,
                  "--threads", str(n_threads)],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=tempfile.gettempdir())
             try:
                 self._wait_ready(start_timeout)
                 return

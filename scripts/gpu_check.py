@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -307,6 +308,55 @@ def check_attention(c: Check, device: str, pyggml) -> None:
                              for r in ran))
 
 
+def _step(fn, c: Check) -> None:
+    try:
+        fn(c)
+    except Exception as e:                          # a step's own failure is that step's FAIL
+        c.verdict, c.summary = "FAIL", f"{type(e).__name__}: {e}"
+        c.details["traceback"] = traceback.format_exc()
+
+
+def _in_child(fn, c: Check, timeout: float) -> None:
+    """A step that computes in this process (the Llama block, attention), in a forked child:
+    a crash of the device's driver (seen: Mesa's lavapipe, on its own thread) or a hang is
+    the step's FAIL, and the other steps and the report go on."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                    # the child: the step, its outcome as JSON
+        os.close(r)
+        _step(fn, c)
+        os.write(w, json.dumps({"verdict": c.verdict, "summary": c.summary, "details": c.details},
+                               default=str).encode())
+        os._exit(0)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout
+    os.set_blocking(r, False)
+    while True:
+        try:
+            chunk = os.read(r, 1 << 16)
+        except BlockingIOError:
+            chunk = None
+        if chunk:
+            chunks.append(chunk)
+        elif chunk == b"":
+            break
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        else:
+            time.sleep(0.05)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    try:
+        got = json.loads(b"".join(chunks))
+        c.verdict, c.summary, c.details = got["verdict"], got["summary"], got["details"]
+    except ValueError:
+        how = (f"killed by signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
+               if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}")
+        c.verdict, c.summary = "FAIL", (f"the step's process died: {how}" if time.monotonic() <= deadline
+                                        else f"no result within {timeout:g} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="the device under test (default: CUDA0; CPU with --dry-run)")
@@ -316,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the parity sweep's --quick (two cases per subject and type)")
     ap.add_argument("--only", default="", help="comma-separated steps to run (info,tests,parity,llama,attention)")
     ap.add_argument("--step-timeout", type=float, default=240.0, help="seconds for each subprocess step")
+    ap.add_argument("--isolate-steps", action="store_true",
+                    help="run the in-process steps (llama, attention) in a forked child each, so that a driver's "
+                         "crash fails that step only (Vulkan on lavapipe; not for CUDA, which a fork after its "
+                         "initialisation cannot use)")
     args = ap.parse_args(argv)
     device = args.device or ("CPU" if args.dry_run else "CUDA0")
     out = Path(args.out).resolve()
@@ -341,11 +395,10 @@ def main(argv: list[str] | None = None) -> int:
             c.summary = "the device is not there"
             continue
         t0 = time.perf_counter()
-        try:
-            fn(c)
-        except Exception as e:                      # a step's own failure is that step's FAIL
-            c.verdict, c.summary = "FAIL", f"{type(e).__name__}: {e}"
-            c.details["traceback"] = traceback.format_exc()
+        if args.isolate_steps and name in ("llama", "attention"):
+            _in_child(fn, c, args.step_timeout)     # a crash of the driver's is that step's FAIL
+        else:
+            _step(fn, c)
         c.seconds = time.perf_counter() - t0
         print(f"[{name}] {c.verdict} ({c.seconds:.1f} s): {c.summary}", flush=True)
 

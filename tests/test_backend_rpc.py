@@ -193,7 +193,7 @@ def test_a_server_that_cannot_start_says_why(server):
 
 def test_a_server_of_an_unknown_device_says_so():
     r = subprocess.run([sys.executable, "-m", "pyggml.rpc", "--port", str(_closed_port()), "--device", "NOPE"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 1 and "no device named 'NOPE'" in r.stderr
 
 
@@ -339,7 +339,7 @@ def test_the_sweep_on_rpc_servers_agrees_with_float64(tmp_path):
     out = tmp_path / "rpc.json"
     r = subprocess.run([sys.executable, "-m", "pyggml", "parity", "--rpc", "auto", "--quick", "--workers", "2",
                         "--paths", "reference,backend:RPC", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     verdicts = {}
@@ -386,7 +386,9 @@ def later(seconds, fn):
 def _child(body: str, limit: float = 60, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     code = _PRELUDE + textwrap.dedent(body)
     env = dict(os.environ, LIMIT=str(limit), **(env or {}))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    # cwd "/": python -c puts the working folder first on sys.path (a checkout's pyggml/ would shadow the installed one)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd="/")
 
 
 def _ok(r: subprocess.CompletedProcess) -> list[str]:
@@ -490,6 +492,6 @@ def test_random_use_with_a_fault_at_a_random_moment_never_kills_or_hangs(seed):
     mid-step; Ctrl-C); only pyggml's exceptions, and the child exits 0. (Run by hand over
     many seeds: see the script.)"""
     fuzzer = os.path.join(os.path.dirname(__file__), "fuzz_rpc.py")
-    r = subprocess.run([sys.executable, fuzzer, str(seed)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, fuzzer, str(seed)], capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     assert r.stdout.startswith(f"{seed} ")

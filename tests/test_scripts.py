@@ -638,6 +638,35 @@ def test_the_gpu_check_runs_its_in_process_steps_with_the_cpu_in_place_of_the_gp
     assert "llama      ok" in capsys.readouterr().out
 
 
+def test_the_gpu_checks_isolated_steps_report_a_crash_or_a_hang_as_that_steps_failure():
+    """--isolate-steps (scripts/vulkan_check.sh): an in-process step in a forked child; its
+    outcome comes back, and a child killed by a signal (a driver's crash) or past the time
+    limit is the step's FAIL, not the check's end."""
+    import os
+    import signal
+    gc = load_script("gpu_check")
+
+    def fine(c):
+        c.verdict, c.summary, c.details = "ok", "computed", {"nmse": 1e-7}
+
+    def crashes(c):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def hangs(c):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        while True:
+            pass
+
+    got = []
+    for fn, limit in ((fine, 30), (crashes, 30), (hangs, 1)):
+        c = gc.Check("x")
+        gc._in_child(fn, c, limit)
+        got.append((c.verdict, c.summary, c.details))
+    assert got[0] == ("ok", "computed", {"nmse": 1e-7})
+    assert got[1][:2] == ("FAIL", "the step's process died: killed by signal 11 (SIGSEGV)")
+    assert got[2][:2] == ("FAIL", "no result within 1 s")
+
+
 def test_the_gpu_check_fails_for_a_device_the_build_lacks(tmp_path):
     gc = load_script("gpu_check")
     assert gc.main(["--device", "CUDA0", "--out", str(tmp_path), "--only", "info,llama"]) == 1
