@@ -163,7 +163,9 @@ def test_version_and_build_info():
     assert info["native"] is None if system else isinstance(info["native"], bool)
     # a system ggml's OpenMP is seen from the libraries loaded (pyggml did not build it)
     assert isinstance(info["openmp"], bool) and info["openmp"] == pyggml._cpu.OPENMP
-    assert set(info["features"]) == {"ggml_version", "flash_attn_back", "use_ref", "rope_imrope"}
+    assert set(info["features"]) == {"ggml_version", "flash_attn_back", "use_ref", "rope_imrope", "rpc"}
+    # ggml's RPC backend: in a vendored build unless PYGGML_RPC=OFF; a prebuilt ggml's, if it has one
+    assert info["features"]["rpc"] == (pyggml.rpc_protocol() is not None)
 
 
 def test_vendored_build_reports_the_pinned_version():
