@@ -30,8 +30,8 @@ from pyggml._ggml cimport *
 from pyggml._ggml_backend cimport *
 from pyggml._rt cimport *
 from pyggml._core cimport (Allocation, Context, Remote, Storage, Tensor, allocation_of, arg_bool, arg_instance,
-                          free_backend_buffer, guard_logged, need_open, raise_aborted, raise_status, remote_call,
-                          remote_for)
+                          free_backend_buffer, guard_logged, need_open, raise_aborted, raise_remote_aborted,
+                          raise_status, remote_call, remote_for)
 from pyggml._graph cimport Executor, Graph, tensor_in_use
 from pyggml._cpu cimport _need_threads, _plan, _prove, note_threads, run_interruptibly, wants_async
 

@@ -281,7 +281,7 @@ cdef class GraphAllocator:
         if not rc or not ok:
             _after_failure(alloc, before, gr)
             if not rc:
-                raise_aborted(g, "alloc_graph: ggml_gallocr_alloc_graph", "")
+                raise_remote_aborted(alloc.remote, g, "alloc_graph: ggml_gallocr_alloc_graph")
             raise ContextFullError("alloc_graph: ggml_gallocr_alloc_graph could not allocate its buffer"
                                    + guard_logged(g))
         alloc.record(before, gr._pools)
@@ -426,7 +426,7 @@ cdef class Scheduler:
             alloc.ptr = NULL
             for b in self.backends:
                 b._users -= 1
-            raise_aborted(g, "alloc_graph: ggml_backend_sched_alloc_graph", "")
+            raise_remote_aborted(_remote_of(self.backends), g, "alloc_graph: ggml_backend_sched_alloc_graph")
         if not ok:
             _after_failure(alloc, before, gr)
             raise ContextFullError("alloc_graph: ggml_backend_sched_alloc_graph could not allocate its buffers"

@@ -139,3 +139,4 @@ cdef Remote remote_of_buffer(const void * buffer)
 cdef void * remote_call(Remote r, pyggml_remote_fn fn, void * arg, size_t size, void * owned, object keep,
                         str what, bint quiet=*) except? NULL
 cdef void free_backend_buffer(void * buffer) noexcept
+cdef int raise_remote_aborted(Remote r, pyggml_guard * g, str where) except -1

@@ -141,6 +141,21 @@ cdef void * remote_call(Remote r, pyggml_remote_fn fn, void * arg, size_t size, 
     return owned if owned != NULL else <void *>1
 
 
+cdef int raise_remote_aborted(Remote r, pyggml_guard * g, str where) except -1:
+    """A call under the abort guard on remote_call's worker aborted: where it was
+    ggml-rpc's own abort (a connection that failed, in a ggml whose client sends on the
+    calling thread: 0.20.2's), the connection is given up and RPCError raised; else as
+    raise_aborted."""
+    cdef bytes msg = g.message
+    if r is not None and b"ggml-rpc" in msg:
+        text = msg.decode(errors="replace").strip()
+        if r.dead is None:
+            r.dead = f"ggml-rpc lost the connection: {text}"
+        raise RPCError(f"{where}: ggml-rpc lost the connection to {r.endpoint}: {text}. The connection is given "
+                       f"up: its Backends and buffers raise RPCError from now on", r.endpoint)
+    return raise_aborted(g, where, "")
+
+
 cdef void _give_up(Remote r, pyggml_remote_job * job, object keep, str reason) noexcept:
     if r.dead is None:
         r.dead = reason

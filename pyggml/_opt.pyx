@@ -29,7 +29,7 @@ from pyggml._ggml_opt cimport *
 from pyggml._rt cimport *
 from libc.string cimport memset
 
-from pyggml._core cimport Context, Remote, Tensor, need_open, raise_aborted, raise_status, remote_call
+from pyggml._core cimport Context, Remote, Tensor, need_open, raise_remote_aborted, raise_status, remote_call
 from pyggml._backend cimport Backend, Scheduler, lock_backends, set_callback_holds, unlock_backends
 from pyggml._cpu cimport _need_threads, note_threads, proof_limit, run_interruptibly
 from pyggml._graph cimport Graph
@@ -363,7 +363,7 @@ cdef class Optimizer:
                                                                            outputs, g), "Optimizer")
             if not r.rc:
                 self._given_up = "ggml_opt_init aborted"
-                raise_aborted(&r.g, "Optimizer (ggml-opt)", "")
+                raise_remote_aborted(self._remote, &r.g, "Optimizer (ggml-opt)")
             self.ptr = r.opt
         if self.ptr == NULL:
             raise ContextFullError("Optimizer: ggml_opt_init ran out of memory")
@@ -480,7 +480,7 @@ cdef class Optimizer:
                 raise
             if not r.rc:
                 self._given_up = "ggml_opt_reset aborted"
-                raise_aborted(&r.g, "reset (ggml-opt)", "")
+                raise_remote_aborted(self._remote, &r.g, "reset (ggml-opt)")
 
     def shuffle(self, Dataset dataset not None, idata=-1):
         """shuffle(dataset, idata=-1): shuffle the shards of the first ``idata`` points
@@ -621,8 +621,12 @@ cdef tuple _remote_epoch(Optimizer self, Dataset dataset, _EpochState state, tup
     _end_remote_epoch(backends)
     err, _callback_error = _callback_error, None
     if not r.rc:
-        self._given_up = "ggml_opt_epoch aborted"
-        raise_aborted(&r.g, "epoch (ggml-opt)", "")
+        self._given_up = f"an epoch over {self._remote.endpoint} aborted"
+        for b in backends:
+            if b.remote is None:
+                b._poisoned = True
+                b._poison_note = "an epoch that used it aborted inside ggml"
+        raise_remote_aborted(self._remote, &r.g, "epoch (ggml-opt)")
     cdef pyggml_status failed
     if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
         for b in backends:

@@ -360,6 +360,7 @@ import os, signal, sys, threading, time
 import numpy as np
 import pyggml
 from pyggml.errors import RPCError
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a parent that ignores SIGINT passes that on
 server = pyggml.rpc.RPCServer()
 be = pyggml.Backend("RPC", endpoint=server.endpoint, timeout=float(os.environ.get("LIMIT", "60")))
 
