@@ -21,9 +21,14 @@ def _run(marker):
 
 
 def test_every_python_block_runs(capsys):
+    import pyggml
+    ran = 0
     for i, code in enumerate(BLOCKS):
+        if "pyggml.rpc.RPCServer()" in code and pyggml.rpc_protocol() is None:
+            continue        # a build without ggml's RPC backend (a prebuilt ggml): its own test says so
         exec(compile(code, f"README.md block {i}", "exec"), {"__name__": "readme"})
-    assert len(BLOCKS) >= 5
+        ran += 1
+    assert ran >= 5
 
 
 def test_scripting_example_prints_its_values(capsys):
