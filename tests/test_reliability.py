@@ -195,6 +195,9 @@ def test_fork_after_a_multithreaded_compute():
     assert pooled == ("[128.0, 128.0, 128.0, 'refused']" if openmp else "[128.0, 128.0, 128.0, 128.0]")
 
 
+@pytest.mark.skipif(pyggml._core.ASAN, reason="counts OpenMP's team threads, which is timing: in the sanitizer "
+                    "stage (ASan, two busy pytest workers) the second worker's team thread once appeared after the "
+                    "snapshot (stop 43's CI; 8 runs of it alone, 3 under load, passed); the plain runs check it")
 def test_computes_reuse_one_worker_and_its_thread_team():
     """A compute of a graph that is not tiny runs on a worker thread (so Ctrl-C reaches the
     caller), and that worker stays for the next compute: with OpenMP, the thread that
