@@ -584,13 +584,21 @@ cdef class Optimizer:
             _epoch_cancelled = True          # the batches left run aborted, without callbacks
             raise
         err, _callback_error = _callback_error, None
-        if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
-            for b in backends:
-                b._poisoned = True
-            raise_status(&failed, "epoch", "; the scheduler's backends are not usable any more")
-        if err is not None:
-            raise err
-        return _result(state.e.result_train), _result(state.e.result_eval)
+        return _epoch_outcome(state, backends, err)
+
+
+cdef tuple _epoch_outcome(_EpochState state, tuple backends, object err):
+    """An epoch that returned (either route): ggml-opt's C++ exception (the backends are
+    then unusable), else the callback's error, else the two results."""
+    cdef pyggml_status failed
+    cdef Backend b
+    if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
+        for b in backends:
+            b._poisoned = True
+        raise_status(&failed, "epoch", "; the scheduler's backends are not usable any more")
+    if err is not None:
+        raise err
+    return _result(state.e.result_train), _result(state.e.result_eval)
 
 
 cdef tuple _remote_epoch(Optimizer self, Dataset dataset, _EpochState state, tuple backends):
@@ -627,14 +635,7 @@ cdef tuple _remote_epoch(Optimizer self, Dataset dataset, _EpochState state, tup
                 b._poisoned = True
                 b._poison_note = "an epoch that used it aborted inside ggml"
         raise_remote_aborted(self._remote, &r.g, "epoch (ggml-opt)")
-    cdef pyggml_status failed
-    if pyggml_status_from_cxx(&failed, state.e.exception) != PYGGML_OK:
-        for b in backends:
-            b._poisoned = True
-        raise_status(&failed, "epoch", "; the scheduler's backends are not usable any more")
-    if err is not None:
-        raise err
-    return _result(state.e.result_train), _result(state.e.result_eval)
+    return _epoch_outcome(state, backends, err)
 
 
 cdef int _end_remote_epoch(tuple backends) except -1:
