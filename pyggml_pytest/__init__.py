@@ -6,13 +6,18 @@ that loading it imports nothing of pyggml: a pytest session that does not ask fo
 sweep neither pays for nor depends on the compiled extension. With ``--pyggml-sweep`` the session's items are the sweep's cases
 (one item per case, every pair of its paths compared, as ``pyggml parity`` does)
 instead of the collected test files; pytest-xdist's ``-n`` spreads them over processes
-or hosts, and restarts a worker a crash inside ggml took down (the case becomes a
-failed item). ``--pyggml-sweep-json F`` writes the same JSON report as
+or hosts. Each pytest process hands its items to a parity worker of its own
+(:class:`pyggml.parity.runner.WorkerPool`, as ``pyggml parity`` does): the worker proves
+graphs in itself instead of in a child forked per case, and a case that crashes or hangs
+inside ggml is that item's ``crashed`` / ``timeout`` failure while the session goes on.
+Where the session registered subjects or paths of its own (a ``conftest.py``), which a
+fresh worker would not know, the cases run in the pytest process itself, their graphs
+proven in forked children. ``--pyggml-sweep-json F`` writes the same JSON report as
 ``pyggml parity --json F``, gathered from every worker.
 
 Options: ``--pyggml-sweep-op GLOB`` (repeatable), ``--pyggml-sweep-types F32,F16``,
 ``--pyggml-sweep-quick``, ``--pyggml-sweep-seed N``, ``--pyggml-sweep-paths ggml,reference``,
-``--pyggml-sweep-threads N``.
+``--pyggml-sweep-threads N``, ``--pyggml-sweep-timeout S``.
 A case passes when none of its rows is in ``BAD``; one whose every row is refused (a
 known upstream defect) or skipped is reported as skipped.
 """
@@ -36,6 +41,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--pyggml-sweep-quick", action="store_true", help="the quick sweep (pyggml parity --quick)")
     g.addoption("--pyggml-sweep-seed", type=int, default=0, metavar="N", help="the sweep's seed")
     g.addoption("--pyggml-sweep-threads", type=int, default=1, metavar="N", help="ggml's threads per computation")
+    g.addoption("--pyggml-sweep-timeout", type=float, default=300.0, metavar="S",
+                help="seconds before a case is a timeout (as pyggml parity --timeout)")
     g.addoption("--pyggml-sweep-json", default=None, metavar="PATH", help="write the rows as pyggml parity --json")
 
 
@@ -49,18 +56,40 @@ def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool |
     return True if config.getoption("--pyggml-sweep") else None
 
 
+# this process's parity worker (one per pytest process, xdist's workers included), made
+# at the first item and closed with the session
+_POOL: Any = None
+
+
+def _own_subjects() -> bool:
+    """Whether this session registered subjects or paths, which a fresh worker lacks."""
+    from pyggml.parity import subjects
+    return bool(subjects._USER or subjects._USER_PATHS)
+
+
+def _rows(case: Any, paths: list[str] | None, n_threads: int, timeout: float) -> list[Any]:
+    global _POOL
+    from pyggml.parity import runner
+
+    if _own_subjects():
+        return runner.check_case(case, paths, n_threads=n_threads)[0]
+    if _POOL is None:
+        _POOL = runner.WorkerPool(1, paths, n_threads=n_threads, timeout=timeout, batch=1)
+    return _POOL.run([case])[0]
+
+
 class SweepItem(pytest.Item):
-    def __init__(self, *, case: Any, paths: list[str] | None, n_threads: int, **kw: Any) -> None:
+    def __init__(self, *, case: Any, paths: list[str] | None, n_threads: int, timeout: float, **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.paths = paths
         self.n_threads = n_threads
+        self.timeout = timeout
 
     def runtest(self) -> None:
         from pyggml.parity.model import BAD
-        from pyggml.parity.runner import check_case
 
-        rows, _ = check_case(self.case, self.paths, n_threads=self.n_threads)
+        rows = _rows(self.case, self.paths, self.n_threads, self.timeout)
         self.user_properties.append((_ROWS_KEY, [r.as_dict() for r in rows]))
         bad = [r for r in rows if r.verdict in BAD]
         if bad:
@@ -96,7 +125,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     n_threads = config.getoption("--pyggml-sweep-threads")
     if n_threads < 1:
         raise pytest.UsageError("--pyggml-sweep-threads must be >= 1")
-    items[:] = [SweepItem.from_parent(session, name=c.key, case=c, paths=paths, n_threads=n_threads) for c in cases]
+    timeout = config.getoption("--pyggml-sweep-timeout")
+    if not timeout > 0:
+        raise pytest.UsageError("--pyggml-sweep-timeout must be > 0")
+    items[:] = [SweepItem.from_parent(session, name=c.key, case=c, paths=paths, n_threads=n_threads, timeout=timeout)
+                for c in cases]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+        _POOL = None
 
 
 class _Collector:

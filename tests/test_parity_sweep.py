@@ -254,16 +254,23 @@ PLANTED = textwrap.dedent("""
 
     if __name__ == "__main__":
         cases = parity.select(["planted"])
-        rows, _ = parity.run_cases(cases, workers=1, timeout=8)
+        if sys.argv[1:] == ["one-by-one"]:          # a pool that stays, handed one case at a time (pytest's)
+            from pyggml.parity.runner import WorkerPool
+            with WorkerPool(1, timeout=8, batch=1) as pool:
+                rows = [r for c in cases for r in pool.run([c])[0]]
+        else:
+            rows, _ = parity.run_cases(cases, workers=1, timeout=8)
         for c, r in zip(cases, rows):
             print(c.index, r.verdict, r.detail.split(";")[0])
 """)
 
 
-def test_a_crash_or_hang_in_a_worker_is_a_row_and_the_sweep_goes_on(tmp_path):
+@pytest.mark.parametrize("mode", ["batches", "one-by-one"])
+def test_a_crash_or_hang_in_a_worker_is_a_row_and_the_sweep_goes_on(tmp_path, mode):
     script = tmp_path / "planted.py"
     script.write_text(PLANTED)
-    proc = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    proc = subprocess.run([PY, str(script), *([mode] if mode != "batches" else [])], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {int(line.split()[0]): line.split(None, 2)[1:] for line in proc.stdout.splitlines()}
     rng_first = {i: float(np.random.default_rng([0, i]).integers(0, 4)) for i in range(6)}
@@ -316,6 +323,25 @@ def test_pytest_sweep_under_xdist_agrees_with_pyggml_parity(tmp_path):
                 for r in json.loads(path.read_text())["rows"]}
     a, b = index(sweep), index(mine)
     assert len(a) > 30 and a == b
+
+
+def test_pytest_sweep_runs_a_subject_of_the_sessions_own_in_its_process(tmp_path):
+    # a conftest's subject is unknown to a fresh parity worker: the plugin runs it in the
+    # pytest process (and a bad case is a failed item with the row's detail)
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from pyggml import parity
+        parity.register_subject(parity.FunctionSubject(
+            "mine", lambda rng: (rng.standard_normal(4),),
+            {"ggml": lambda x: x * (1.5 if x[0] > 0.0 else 1.0), "reference": lambda x: x}, n_cases=8))
+    """))
+    proc = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--pyggml-sweep",
+                           "--pyggml-sweep-op", "mine"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    firsts = [np.random.default_rng([0, i]).standard_normal(4)[0] for i in range(8)]
+    bad = sum(f > 0.0 for f in firsts)
+    assert 0 < bad < 8, firsts              # the seeds give both outcomes
+    assert f"{bad} failed, {8 - bad} passed" in proc.stdout, proc.stdout[-3000:]
+    assert "ggml~reference: fail: NMSE" in proc.stdout
 
 
 def test_a_planted_overrun_is_an_oob_row_with_its_tensor():

@@ -2,7 +2,8 @@
 paths compared. Cases run in worker processes (``workers >= 1``) so that one that
 aborts, crashes or hangs inside ggml becomes a ``crashed`` / ``timeout`` row and the
 sweep goes on; a worker takes cases in batches and is replaced only when it dies.
-``workers=0`` runs in this process (fast, for tests and for the pytest plugin)."""
+``workers=0`` runs in this process (for tests, and for the pytest plugin where the
+sweep has subjects or paths of its own: :class:`WorkerPool` otherwise)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 from pyggml.parity.model import BAD, NOT_APPLICABLE, Case, Outcome, Row, Subject, compare_outputs
 from pyggml.parity.subjects import RPC_ENV, all_subjects
 
-__all__ = ["Interrupted", "WorkerError", "check_case", "default_workers", "parse_shard", "run_cases", "select",
+__all__ = ["Interrupted", "WorkerError", "WorkerPool", "check_case", "default_workers", "parse_shard", "run_cases", "select",
            "shard_of"]
 
 Progress = Callable[[int, int, Case], None]
@@ -354,135 +355,176 @@ def run_cases(cases: list[Case], paths: Iterable[str] | None = None, workers: in
     stops the workers and raises :class:`Interrupted` (a KeyboardInterrupt) with the
     cases that finished."""
     paths = list(paths) if paths is not None else None
-    results: dict[int, list[Row]] = {}
-    kept: dict[str, dict[str, list[np.ndarray]]] = {}
-    done = 0
-
-    def finish(i: int, rows: list[Row], arrays: dict[str, Any] | None = None):
-        nonlocal done
-        results[i] = rows
-        if arrays:
-            kept[cases[i].key] = arrays
-        done += 1
-        if progress:
-            progress(done, len(cases), cases[i])
-
-    def finished() -> list[Row]:
-        return [r for i in range(len(cases)) if i in results for r in results[i]]
-
     if workers <= 0:
+        results: list[Row] = []
+        kept: dict[str, dict[str, list[np.ndarray]]] = {}
+        done = 0
         try:
-            for i, c in enumerate(cases):
+            for c in cases:
                 rows, arrays = check_case(c, paths, probe, keep, n_threads)
-                finish(i, rows, arrays)
+                results.extend(rows)
+                if arrays:
+                    kept[c.key] = arrays
+                done += 1
+                if progress:
+                    progress(done, len(cases), c)
         except KeyboardInterrupt as e:
-            raise Interrupted(finished(), kept, len(results), len(cases)) from e
-        return finished(), kept
+            raise Interrupted(results, kept, done, len(cases)) from e
+        return results, kept
+    n = min(workers, max(1, len(cases)), len(rpc) if rpc else workers)
+    with WorkerPool(n, paths, probe, keep, n_threads, timeout, batch, rpc) as pool:
+        return pool.run(cases, progress)
 
-    ctx = mp.get_context("spawn")        # a clean interpreter: no inherited threads or OpenMP state
-    todo = list(enumerate(cases))
-    todo.reverse()                       # popped from the end: in order
-    pool: list[_Worker] = []
-    idle_deaths = 0
-    with _SigintFlag() as sigint:
-        try:
-            def feed(w: _Worker):
-                chunk = [todo.pop() for _ in range(min(batch, len(todo)))]
-                w.inflight = chunk
-                w.current = None
-                if chunk:
-                    w.started = time.monotonic()
-                    try:
-                        w.conn.send(chunk)
-                    except OSError:      # it died already: its sentinel says so next round
-                        pass
 
-            for _ in range(min(workers, max(1, len(cases)), len(rpc) if rpc else workers)):
-                if sigint.hit:
-                    break
-                pool.append(_Worker(ctx, paths, probe, keep, n_threads, timeout,
-                                    rpc[len(pool)] if rpc else None))
-                feed(pool[-1])
-            while not sigint.hit and any(w.inflight for w in pool):
-                busy = [w for w in pool if w.inflight]
-                ready = mp.connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.25)
-                if sigint.hit:
-                    break
-                now = time.monotonic()
-                for w in busy:
-                    dead = w.proc.sentinel in ready and not w.conn.poll()
-                    try:
-                        while w.conn.poll():
-                            msg = w.conn.recv()
-                            if msg[0] == "start":
-                                w.current, w.started, w.began = msg[1], time.monotonic(), True
-                                idle_deaths = 0
-                            elif msg[0] == "done":
-                                finish(msg[1], msg[2], msg[3])
-                                w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
-                                w.current = None
-                                if not w.inflight and not w.retired:    # its next batch, when done with this one
-                                    feed(w)
-                            elif msg[0] == "retire":
-                                w.retired = True
-                                break
-                    except (EOFError, OSError):
-                        dead = True
-                    if w.retired:                # replaced; the rest of its batch goes back, in order
-                        todo.extend(reversed(w.inflight))
-                        w.inflight = []
-                        w.close()
-                        pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout, w.endpoint)
-                        feed(nw)
-                        continue
-                    hung = w.current is not None and now - w.started > timeout
-                    stuck = (w.current is None and w.inflight and not w.began
-                             and now - w.started > max(timeout, _WORKER_START_S))
-                    if not (dead or hung or stuck):
-                        continue
-                    # the case it was computing (it said "start", not yet "done") is the
-                    # culprit; with none (it died between cases, or before its first), no
-                    # case is: the rest of the batch goes back, to be run in order
-                    verdict = "timeout" if hung and not dead else "crashed"
-                    w.close(kill=True)
-                    if stuck and not dead:
-                        detail = f"no case started after {max(timeout, _WORKER_START_S):.0f} s"
-                    else:
-                        detail = f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc)
-                    if w.last_words:
-                        detail += f"; stderr: {w.last_words[-600:]}"
-                    culprit = w.current
-                    rest = [(i, c) for i, c in w.inflight if i != culprit]
-                    todo.extend(reversed(rest))
-                    if culprit is not None:
-                        finish(culprit, _crash_rows(cases[culprit], paths, verdict, detail, probe))
-                    w.inflight = []
-                    if culprit is None and rest:
-                        idle_deaths += 1
-                        if idle_deaths >= _IDLE_DEATHS:
-                            raise WorkerError(f"{idle_deaths} parity workers in a row died before running a case "
-                                              f"(last: {detail})", finished(), kept, len(results), len(cases))
-                    pool[pool.index(w)] = nw = _Worker(ctx, paths, probe, keep, n_threads, timeout, w.endpoint)
-                    feed(nw)
-        except BaseException:
-            for w in pool:               # all at once: no worker waits for the others' joins
+class WorkerPool:
+    """Worker processes that stay between :meth:`run` calls (:func:`run_cases` makes one
+    for its cases; the pytest plugin keeps one for the session and hands it its items
+    one at a time). A worker takes cases in batches of ``batch``; one that retires (its
+    in-process proof found something) or dies is replaced. Arguments as for run_cases."""
+
+    def __init__(self, workers: int, paths: list[str] | None = None, probe: bool = True, keep: bool = False,
+                 n_threads: int = 1, timeout: float = 300.0, batch: int = 16, rpc: list[str] | None = None):
+        self.size = max(1, min(workers, len(rpc) if rpc else workers))
+        self.paths, self.probe, self.keep, self.n_threads = paths, probe, keep, n_threads
+        self.timeout, self.batch, self.rpc = timeout, batch, rpc
+        self.ctx = mp.get_context("spawn")   # a clean interpreter: no inherited threads or OpenMP state
+        self.workers: list[_Worker] = []
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _new(self, endpoint: str | None) -> _Worker:
+        return _Worker(self.ctx, self.paths, self.probe, self.keep, self.n_threads, self.timeout, endpoint)
+
+    def close(self, kill: bool = False) -> None:
+        if kill:
+            for w in self.workers:           # all at once: no worker waits for the others' joins
                 w.kill()
-            raise
-        finally:
-            if sigint.hit:
-                for w in pool:           # what finished before Ctrl-C, still in the pipe, counts
-                    with contextlib.suppress(EOFError, OSError):
-                        while w.conn.poll():
-                            msg = w.conn.recv()
-                            if msg[0] == "done" and msg[1] not in results:
-                                finish(msg[1], msg[2], msg[3])
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+    def run(self, cases: list[Case],
+            progress: Progress | None = None) -> tuple[list[Row], dict[str, dict[str, list[np.ndarray]]]]:
+        """Check every case in the pool's workers: as :func:`run_cases`."""
+        paths, probe, timeout = self.paths, self.probe, self.timeout
+        results: dict[int, list[Row]] = {}
+        kept: dict[str, dict[str, list[np.ndarray]]] = {}
+        done = 0
+
+        def finish(i: int, rows: list[Row], arrays: dict[str, Any] | None = None):
+            nonlocal done
+            results[i] = rows
+            if arrays:
+                kept[cases[i].key] = arrays
+            done += 1
+            if progress:
+                progress(done, len(cases), cases[i])
+
+        def finished() -> list[Row]:
+            return [r for i in range(len(cases)) if i in results for r in results[i]]
+
+        todo = list(enumerate(cases))
+        todo.reverse()                       # popped from the end: in order
+        pool = self.workers
+        idle_deaths = 0
+        with _SigintFlag() as sigint:
+            try:
+                def feed(w: _Worker):
+                    chunk = [todo.pop() for _ in range(min(self.batch, len(todo)))]
+                    w.inflight = chunk
+                    w.current = None
+                    if chunk:
+                        w.started = time.monotonic()
+                        try:
+                            w.conn.send(chunk)
+                        except OSError:      # it died already: its sentinel says so next round
+                            pass
+
                 for w in pool:
-                    w.kill()
-            for w in pool:
-                w.close()
-        if sigint.hit:
-            raise Interrupted(finished(), kept, len(results), len(cases))
-    return finished(), kept
+                    feed(w)
+                while len(pool) < self.size and todo and not sigint.hit:
+                    pool.append(self._new(self.rpc[len(pool)] if self.rpc else None))
+                    feed(pool[-1])
+                while not sigint.hit and any(w.inflight for w in pool):
+                    busy = [w for w in pool if w.inflight]
+                    ready = mp.connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.25)
+                    if sigint.hit:
+                        break
+                    now = time.monotonic()
+                    for w in busy:
+                        dead = w.proc.sentinel in ready and not w.conn.poll()
+                        try:
+                            while w.conn.poll():
+                                msg = w.conn.recv()
+                                if msg[0] == "start":
+                                    w.current, w.started, w.began = msg[1], time.monotonic(), True
+                                    idle_deaths = 0
+                                elif msg[0] == "done":
+                                    finish(msg[1], msg[2], msg[3])
+                                    w.inflight = [(i, c) for i, c in w.inflight if i != msg[1]]
+                                    w.current = None
+                                    if not w.inflight and not w.retired:    # its next batch, when done with this one
+                                        feed(w)
+                                elif msg[0] == "retire":
+                                    w.retired = True
+                                    break
+                        except (EOFError, OSError):
+                            dead = True
+                        if w.retired:                # replaced; the rest of its batch goes back, in order
+                            todo.extend(reversed(w.inflight))
+                            w.inflight = []
+                            w.close()
+                            pool[pool.index(w)] = nw = self._new(w.endpoint)
+                            feed(nw)
+                            continue
+                        hung = w.current is not None and now - w.started > timeout
+                        stuck = (w.current is None and w.inflight and not w.began
+                                 and now - w.started > max(timeout, _WORKER_START_S))
+                        if not (dead or hung or stuck):
+                            continue
+                        # the case it was computing (it said "start", not yet "done") is the
+                        # culprit; with none (it died between cases, or before its first), no
+                        # case is: the rest of the batch goes back, to be run in order
+                        verdict = "timeout" if hung and not dead else "crashed"
+                        w.close(kill=True)
+                        if stuck and not dead:
+                            detail = f"no case started after {max(timeout, _WORKER_START_S):.0f} s"
+                        else:
+                            detail = f"no result after {timeout:.0f} s" if verdict == "timeout" else _death(w.proc)
+                        if w.last_words:
+                            detail += f"; stderr: {w.last_words[-600:]}"
+                        culprit = w.current
+                        rest = [(i, c) for i, c in w.inflight if i != culprit]
+                        todo.extend(reversed(rest))
+                        if culprit is not None:
+                            finish(culprit, _crash_rows(cases[culprit], paths, verdict, detail, probe))
+                        w.inflight = []
+                        if culprit is None and rest:
+                            idle_deaths += 1
+                            if idle_deaths >= _IDLE_DEATHS:
+                                raise WorkerError(f"{idle_deaths} parity workers in a row died before running a case "
+                                                  f"(last: {detail})", finished(), kept, len(results), len(cases))
+                        pool[pool.index(w)] = nw = self._new(w.endpoint)
+                        feed(nw)
+            except BaseException:
+                self.close(kill=True)
+                raise
+            finally:
+                if sigint.hit:
+                    for w in pool:           # what finished before Ctrl-C, still in the pipe, counts
+                        with contextlib.suppress(EOFError, OSError):
+                            while w.conn.poll():
+                                msg = w.conn.recv()
+                                if msg[0] == "done" and msg[1] not in results:
+                                    finish(msg[1], msg[2], msg[3])
+                    self.close(kill=True)
+            if sigint.hit:
+                raise Interrupted(finished(), kept, len(results), len(cases))
+        return finished(), kept
 
 
 def default_workers() -> int:
