@@ -8,7 +8,7 @@ from pyggml._graph cimport Graph
 from pyggml._rt cimport pyggml_async, pyggml_status
 
 cdef ggml_cplan _plan(Graph graph, int n_threads, ggml_threadpool * tp) except *
-cdef int _prove(Graph graph, double timeout_s=*) except -1
+cdef int _prove(Graph graph, double timeout_s=*, bint kept=*) except -1
 cdef double proof_limit() noexcept
 cdef int _need_threads(object n_threads) except -1
 cdef void note_threads(int n) noexcept

@@ -209,7 +209,56 @@ def _proof_limit_from_environment():
 _proof_limit_from_environment()
 
 
-cdef int _prove(Graph graph, double timeout_s=-1) except -1:
+# --- proofs kept ---------------------------------------------------------------------
+# A proof's outcome follows the graph's structure (csrc/guarded.c: pyggml_graph_signature),
+# so a graph whose structure this process proved already is not proven again: a prebuilt
+# ggml, whose kernels pyggml cannot fingerprint, proves every graph, and most graphs of a
+# program (a loop's, a test suite's) repeat one another's. Only clean proofs are kept; a
+# graph with an index op is proven every time (its kernels follow values); pyggml.prove()
+# always proves. The signatures kept are bounded in bytes: past the bound they are
+# forgotten, all at once.
+
+cdef dict _proven = {}
+cdef Py_ssize_t _proven_bytes = 0
+cdef Py_ssize_t _PROVEN_MAX_BYTES = 64 << 20
+cdef Py_ssize_t _proofs_run = 0, _proofs_kept = 0
+
+
+cdef bytes _signature(Graph graph):
+    cdef size_t n = 0
+    cdef uint8_t * p = pyggml_graph_signature(graph.ptr, &n)
+    if p == NULL:
+        return None              # out of memory: prove, and keep nothing
+    try:
+        return (<char *> p)[:n]
+    finally:
+        free(p)
+
+
+cdef void _keep_proof(bytes key):
+    global _proven_bytes
+    if key is None or len(key) > _PROVEN_MAX_BYTES // 4:
+        return
+    if _proven_bytes + len(key) > _PROVEN_MAX_BYTES:
+        _proven.clear()
+        _proven_bytes = 0
+    _proven[key] = None
+    _proven_bytes += len(key)
+
+
+def _graph_signature(Graph graph not None):
+    """_graph_signature(graph) -> bytes  (testing): what a proof of ``graph`` depends on."""
+    graph._check()
+    return _signature(graph)
+
+
+def _proof_counts():
+    """_proof_counts() -> (run, kept_hits)  (testing): proofs this process ran, and graphs
+    that a kept proof of the same structure let through without one."""
+    return _proofs_run, _proofs_kept
+
+
+cdef int _prove(Graph graph, double timeout_s=-1, bint kept=True) except -1:
     """Compute once in a forked child, on one thread, with every tensor in guarded
     memory, before computing for real.
 
@@ -227,7 +276,15 @@ cdef int _prove(Graph graph, double timeout_s=-1) except -1:
     cdef pyggml_status st
     cdef size_t min_work
     cdef double limit
-    global _proof_tainted
+    cdef bytes key = None
+    global _proof_tainted, _proofs_run, _proofs_kept
+    if kept and not graph._index_ops:
+        key = _signature(graph)
+        if key is not None and key in _proven:
+            _proofs_kept += 1
+            graph._unproven = False
+            return 0
+    _proofs_run += 1
     if _proof_here:
         min_work = _fab_work_size(graph, 1)
         limit = timeout_s if timeout_s > 0 else _proof_limit
@@ -236,6 +293,7 @@ cdef int _prove(Graph graph, double timeout_s=-1) except -1:
         if st.code != PYGGML_OK:
             _proof_tainted = True
         raise_status(&st, "compute")
+        _keep_proof(key)
         graph._unproven = False
         return 0
     cdef _Proof proof = _Proof.__new__(_Proof)
@@ -250,6 +308,7 @@ cdef int _prove(Graph graph, double timeout_s=-1) except -1:
     # the graph is only read by the child (a copy of this process): keep it alive all the same
     run_interruptibly(&spec, NULL, NULL, NULL, 0, None, (proof, graph), None, NULL)
     raise_status(&proof.t.status, "compute")
+    _keep_proof(key)
     graph._unproven = False
     return 0
 
@@ -291,7 +350,7 @@ def prove(Graph graph not None, timeout=None):
     proof_timeout()). For tests of the kernel rules (with the rules disabled) and the
     defect probes."""
     graph._check()
-    _prove(graph, _proof_limit if timeout is None else _timeout_arg(timeout, "prove"))
+    _prove(graph, _proof_limit if timeout is None else _timeout_arg(timeout, "prove"), False)
 
 
 def _compute_without_proof(Graph graph not None, n_threads=1):

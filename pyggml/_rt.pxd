@@ -1,6 +1,6 @@
 # cython: language_level=3
 # Raw C declarations of pyggml's own C runtime (csrc/pyggml_rt.h, libpyggml_rt).
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from pyggml._ggml cimport ggml_cgraph, ggml_context, ggml_cplan, ggml_status, ggml_tensor, ggml_threadpool
 
 cdef extern from "pyggml_rt.h" nogil:
@@ -92,6 +92,7 @@ cdef extern from "pyggml_rt.h" nogil:
                            pyggml_status * st)
     int pyggml_guarded_compute_here(ggml_cgraph * graph, size_t min_work, double timeout_s,
                                     pyggml_status * st) nogil
+    uint8_t * pyggml_graph_signature(ggml_cgraph * graph, size_t * len)
     int pyggml_try_quantize(pyggml_guard * g, int type, const float * src, void * dst, int64_t nrows,
                             int64_t n_per_row, const float * imatrix) nogil
     int pyggml_type_has_cpu_from_float(int type)

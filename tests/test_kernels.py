@@ -313,6 +313,71 @@ def test_an_untrusted_op_s_graph_is_proven_before_it_computes():
         _core._set_kernel_untrusted(10_000, True)
 
 
+def _add_graph(ctx, n, *, offset=0, op=pyggml.add, rows=None):
+    a = ctx.from_numpy(np.arange(n + offset, dtype=np.float32))
+    if offset:
+        a = pyggml.view_1d(ctx, a, n, 4 * offset)
+    if rows is not None:
+        a = pyggml.get_rows(ctx, pyggml.reshape_2d(ctx, a, 1, n), ctx.from_numpy(np.asarray(rows, np.int32)))
+        a = pyggml.reshape_1d(ctx, a, len(rows))
+    c = op(ctx, a, ctx.from_numpy(np.ones(a.nelements, dtype=np.float32)))
+    g = pyggml.Graph(ctx)
+    g.build_forward_expand(c)
+    return g, c
+
+
+def test_the_signature_of_a_proof_is_the_graphs_structure_not_its_data_or_addresses():
+    from pyggml import _cpu
+    with pyggml.Context(1 << 20) as ctx, pyggml.Context(1 << 20) as other:
+        base = _cpu._graph_signature(_add_graph(ctx, 37)[0])
+        assert _cpu._graph_signature(_add_graph(other, 37)[0]) == base      # other memory, other values
+        for changed in (_add_graph(ctx, 38)[0], _add_graph(ctx, 37, offset=1)[0],
+                        _add_graph(ctx, 37, op=pyggml.mul)[0], _add_graph(ctx, 37, op=pyggml.sub)[0]):
+            assert _cpu._graph_signature(changed) != base
+        # op parameters: the same op and shapes, another scale
+        x = ctx.from_numpy(np.ones(8, np.float32))
+        sigs = set()
+        for s in (1.0, 2.0, 2.0):
+            g = pyggml.Graph(ctx)
+            g.build_forward_expand(pyggml.scale(ctx, x, s))
+            sigs.add(_cpu._graph_signature(g))
+        assert len(sigs) == 2
+
+
+def test_a_graph_whose_structure_was_proven_is_not_proven_again():
+    """A prebuilt ggml proves every graph: one proof per structure, not per graph."""
+    from pyggml import _cpu
+    was = _core._set_kernel_untrusted(pyggml.Op.ADD, True)
+    try:
+        def run(n, **kw):
+            with pyggml.Context(1 << 20) as ctx:
+                g, c = _add_graph(ctx, n, **kw)
+                before = _cpu._proof_counts()
+                g.compute(1)
+                after = _cpu._proof_counts()
+                return c.numpy().copy(), after[0] - before[0], after[1] - before[1]
+
+        n = 41 + os.getpid() % 1000          # a size no other test of this process proved
+        got, ran, kept = run(n)
+        assert (ran, kept) == (1, 0) and np.array_equal(got, np.arange(n) + 1)
+        got, ran, kept = run(n)
+        assert (ran, kept) == (0, 1) and np.array_equal(got, np.arange(n) + 1)
+        assert run(n + 1)[1:] == (1, 0)
+        assert run(n, offset=3)[1:] == (1, 0)
+        assert run(n, offset=3)[1:] == (0, 1)
+        # a graph with an index op is proven every time: its kernels follow the indices
+        assert run(n, rows=[2, 0, 1])[1:] == (1, 0)
+        assert run(n, rows=[2, 0, 1])[1:] == (1, 0)
+        # _cpu.prove (the defect probes' and the rule tests') always proves
+        with pyggml.Context(1 << 20) as ctx:
+            g, _ = _add_graph(ctx, n)
+            before = _cpu._proof_counts()[0]
+            _cpu.prove(g)
+            assert _cpu._proof_counts()[0] == before + 1
+    finally:
+        _core._set_kernel_untrusted(pyggml.Op.ADD, was)
+
+
 def _set_untrusted(ops):
     """mark each of ``ops`` changed; returns what to restore"""
     return {op: _core._set_kernel_untrusted(getattr(pyggml.Op, op), True) for op in ops}

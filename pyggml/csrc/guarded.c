@@ -568,3 +568,168 @@ int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work, double timeo
     const int rc = pyggml_dry_run(prove_child, &a, timeout_s, abort, st->msg, sizeof st->msg, &how);
     return pyggml_status_from_dry_run(st, rc, rc < 0 ? errno : how, timeout_s);
 }
+
+/* --- what a proof depends on ------------------------------------------------------------
+ * A proof's outcome depends on the graph's structure, not on its values (the kernels'
+ * asserts and their reach follow shapes, strides and parameters; index data, which a
+ * kernel does follow, is range-checked before every compute instead, and a graph with an
+ * index op is proven every time all the same: see _cpu._prove). The signature is that
+ * structure, byte for byte: every tensor the graph reaches, numbered in the order of a
+ * walk from its nodes (nodes in graph order, then sources, then view bases), each with its
+ * type, op, flags, shape, strides, op parameters, whether it has data, and its sources
+ * and view base as those numbers (with the view's offset). Two graphs with the same
+ * signature give the proof the same tensors, the same sizes and the same work. */
+
+typedef struct sig_buf {
+    uint8_t * p;
+    size_t n, cap;
+    int failed;
+} sig_buf;
+
+static void sig_put(sig_buf * b, const void * x, size_t n) {
+    if (b->failed) {
+        return;
+    }
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->n + n) {
+            cap *= 2;
+        }
+        uint8_t * more = realloc(b->p, cap);
+        if (more == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->p = more;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, x, n);
+    b->n += n;
+}
+
+typedef struct sig_entry {
+    uintptr_t t;
+    int32_t index;
+} sig_entry;
+
+static int sig_entry_cmp(const void * a, const void * b) {
+    const uintptr_t x = ((const sig_entry *) a)->t, y = ((const sig_entry *) b)->t;
+    return x < y ? -1 : x > y;
+}
+
+static int32_t sig_index(const sig_entry * sorted, size_t n, const struct ggml_tensor * t) {
+    if (t == NULL) {
+        return -1;
+    }
+    sig_entry key = {(uintptr_t) t, 0};
+    const sig_entry * e = bsearch(&key, sorted, n, sizeof key, sig_entry_cmp);
+    return e != NULL ? e->index : -2;    /* (-2 cannot happen: the walk reached every source) */
+}
+
+uint8_t * pyggml_graph_signature(struct ggml_cgraph * graph, size_t * len) {
+    sig_buf b = {0};
+    pg_ptrset seen = {0};
+    struct ggml_tensor ** order = NULL, ** stack = NULL;
+    size_t n = 0, cap = 0, sp = 0, stack_cap = 0;
+    sig_entry * sorted = NULL;
+    const int n_nodes = ggml_graph_n_nodes(graph);
+    int ok = 1;
+    for (int i = 0; i < n_nodes && ok; i++) {
+        sp = 0;
+        struct ggml_tensor * root = ggml_graph_node(graph, i);
+        if (stack_cap == 0) {
+            stack_cap = 64;
+            stack = malloc(stack_cap * sizeof *stack);
+            ok = stack != NULL;
+            if (!ok) {
+                break;
+            }
+        }
+        stack[sp++] = root;
+        while (sp > 0 && ok) {
+            struct ggml_tensor * t = stack[--sp];
+            int added = t == NULL ? 0 : pg_ptrset_add(&seen, (uintptr_t) t);
+            if (added < 0) {
+                ok = 0;
+                break;
+            }
+            if (added != 1) {
+                continue;
+            }
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                struct ggml_tensor ** more = realloc(order, cap * sizeof *order);
+                if (more == NULL) {
+                    ok = 0;
+                    break;
+                }
+                order = more;
+            }
+            order[n++] = t;
+            if (sp + GGML_MAX_SRC + 1 > stack_cap) {
+                stack_cap = 2 * (sp + GGML_MAX_SRC + 1);
+                struct ggml_tensor ** more = realloc(stack, stack_cap * sizeof *stack);
+                if (more == NULL) {
+                    ok = 0;
+                    break;
+                }
+                stack = more;
+            }
+            /* pushed in reverse, so that sources are numbered in their order */
+            if (t->view_src != NULL) {
+                stack[sp++] = t->view_src;
+            }
+            for (int j = GGML_MAX_SRC - 1; j >= 0; j--) {
+                if (t->src[j] != NULL) {
+                    stack[sp++] = t->src[j];
+                }
+            }
+        }
+    }
+    pg_ptrset_free(&seen);
+    free(stack);
+    if (ok && n > 0) {
+        sorted = malloc(n * sizeof *sorted);
+        ok = sorted != NULL;
+    }
+    if (ok) {
+        for (size_t i = 0; i < n; i++) {
+            sorted[i].t = (uintptr_t) order[i];
+            sorted[i].index = (int32_t) i;
+        }
+        if (n > 0) {
+            qsort(sorted, n, sizeof *sorted, sig_entry_cmp);
+        }
+        const int32_t head[2] = {n_nodes, (int32_t) n};
+        sig_put(&b, head, sizeof head);
+        for (int i = 0; i < n_nodes; i++) {
+            const int32_t at = sig_index(sorted, n, ggml_graph_node(graph, i));
+            sig_put(&b, &at, sizeof at);
+        }
+        for (size_t i = 0; i < n; i++) {
+            const struct ggml_tensor * t = order[i];
+            const int32_t kind[4] = {(int32_t) t->type, (int32_t) t->op, t->flags, t->data != NULL};
+            sig_put(&b, kind, sizeof kind);
+            sig_put(&b, t->ne, sizeof t->ne);
+            const uint64_t nb[GGML_MAX_DIMS] = {t->nb[0], t->nb[1], t->nb[2], t->nb[3]};
+            sig_put(&b, nb, sizeof nb);
+            sig_put(&b, t->op_params, sizeof t->op_params);
+            int32_t refs[GGML_MAX_SRC + 1];
+            for (int j = 0; j < GGML_MAX_SRC; j++) {
+                refs[j] = sig_index(sorted, n, t->src[j]);
+            }
+            refs[GGML_MAX_SRC] = sig_index(sorted, n, t->view_src);
+            sig_put(&b, refs, sizeof refs);
+            const uint64_t offs = t->view_src != NULL ? (uint64_t) t->view_offs : 0;
+            sig_put(&b, &offs, sizeof offs);
+        }
+    }
+    free(order);
+    free(sorted);
+    if (!ok || b.failed) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.n;
+    return b.p;
+}

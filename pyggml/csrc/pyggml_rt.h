@@ -265,6 +265,11 @@ PYGGML_RT_API int pyggml_prove_graph(struct ggml_cgraph * graph, size_t min_work
 PYGGML_RT_API int pyggml_guarded_compute_here(struct ggml_cgraph * graph, size_t min_work, double timeout_s,
                                               pyggml_status * st);
 
+/* What a proof of the graph depends on: its structure, as bytes (malloc'd, *len of them;
+ * NULL when out of memory). Two graphs with the same bytes make the same proof
+ * (csrc/guarded.c says what goes in); _cpu._prove keeps those it proved. */
+PYGGML_RT_API uint8_t * pyggml_graph_signature(struct ggml_cgraph * graph, size_t * len);
+
 /* --- kernel preconditions ----------------------------------------------------------------- */
 
 /* Initialise the op -> rule table from the linked ggml's op names (idempotent). */
