@@ -342,15 +342,16 @@ def _proof_state_tainted():
     return _proof_tainted
 
 
-def prove(Graph graph not None, timeout=None):
-    """prove(graph, timeout=None): run the guarded proof now (a forked child computes the
-    graph with every tensor between guard pages), whatever the graph's nodes; raise what
-    it finds: GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for an access
-    past a tensor, KernelTimeout when the child runs past ``timeout`` seconds (default:
-    proof_timeout()). For tests of the kernel rules (with the rules disabled) and the
-    defect probes."""
+def prove(Graph graph not None, timeout=None, kept=False):
+    """prove(graph, timeout=None, kept=False): run the guarded proof now (a forked child
+    computes the graph with every tensor between guard pages), whatever the graph's nodes;
+    raise what it finds: GGMLAbort for an abort, UpstreamDefect 'kernel-out-of-bounds' for
+    an access past a tensor, KernelTimeout when the child runs past ``timeout`` seconds
+    (default: proof_timeout()). For tests of the kernel rules (with the rules disabled),
+    the defect probes, and the parity sweep's probe of each case, which passes ``kept``:
+    a graph whose structure this process proved clean then passes without a new proof."""
     graph._check()
-    _prove(graph, _proof_limit if timeout is None else _timeout_arg(timeout, "prove"), False)
+    _prove(graph, _proof_limit if timeout is None else _timeout_arg(timeout, "prove"), bool(kept))
 
 
 def _compute_without_proof(Graph graph not None, n_threads=1):

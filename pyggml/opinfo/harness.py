@@ -287,7 +287,7 @@ def compute(info: OpInfo, sample: Sample, n_threads: int = 1, use_ref: bool = Fa
         g = pyggml.Graph(ctx, 256)
         g.build_forward_expand(t)
         if prove:
-            pyggml._cpu.prove(g)
+            pyggml._cpu.prove(g, kept=True)
         g.compute(n_threads, use_ref=use_ref)
         return read(t), _made(t)
 
