@@ -26,7 +26,22 @@ from pyggml.errors import (ArgumentError, ComputeError, GGMLAbort, GGMLVersionEr
                            UpstreamDefect)
 
 
-cdef int _default_threads():
+cdef int _default_threads() except -1:
+    """ggml's threads per compute when the caller gives none: PYGGML_NUM_THREADS (read once,
+    at import) or the cores this process may run on. Several processes computing at once
+    (pytest-xdist's workers, a server's) each take every core by default; without OpenMP,
+    ggml's threads spin at every barrier, and a thread waiting for a descheduled one
+    wastes its whole time slice (the digits classifier's training: 9.5 s alone, 59 s
+    beside another process of 2 threads on 2 cores, ggml 0.17.0's prebuilt library)."""
+    v = os.environ.get("PYGGML_NUM_THREADS", "").strip()
+    if v:
+        try:
+            n = int(v)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 512:
+            raise ArgumentError(f"PYGGML_NUM_THREADS: a number of threads in [1, 512], not {v!r}")
+        return n
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -559,12 +574,21 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+cdef int _last_n_threads = 0
+
+
 cdef void note_threads(int n) noexcept:
     """A compute on ``n`` threads is about to run (any executor): a child forked after it
     must not start OpenMP threads."""
-    global _omp_threads_ran
+    global _omp_threads_ran, _last_n_threads
+    _last_n_threads = n
     if n > 1:
         _omp_threads_ran = True
+
+
+def _last_threads():
+    """_last_threads() -> int  (testing): the thread count of this process's last compute."""
+    return _last_n_threads
 
 
 def _forked_after_threads():

@@ -526,8 +526,18 @@ def run_spec(spec: str, workdir: Path, pytest_args: list[str], quick_parity: boo
         # the environment's pytest script, not `python -m pytest`: that would put ROOT (the
         # source tree, without the compiled modules) first on sys.path
         else:
+            test_env = dict(env)
+            if not build.get("openmp") and "PYGGML_NUM_THREADS" not in env:
+                # a ggml without OpenMP spins at every barrier: pytest-xdist's workers, each
+                # computing on every core by default, took turns wasting whole time slices
+                # (0.17.0's suite: the digits classifier's training 9.5 s alone, 59 s beside
+                # another worker). One thread by default; tests that ask for more get them.
+                test_env["PYGGML_NUM_THREADS"] = "1"
+                with step.log.open("a") as f:
+                    f.write("ci_upstream: a ggml without OpenMP: the tests compute on 1 thread unless they "
+                            "ask for more (PYGGML_NUM_THREADS=1)\n")
             tests = step.run([Path(py).parent / "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
-                             env=env, cwd=ROOT)
+                             env=test_env, cwd=ROOT)
             row["tests_ok"] = tests.returncode == 0
             row["tests_summary"] = (tests.stdout.strip().splitlines() or [""])[-1]
             row["release_refusals"] = release_refusals(tests.stdout)

@@ -100,6 +100,34 @@ def test_graph_errors(ctx):
             g.compute(bad)
 
 
+@pytest.mark.parametrize("value, want", [("3", "3 3"), (" 1 ", "1 1"), ("512", "512 512"), ("", "cores"),
+                                         ("0", "ArgumentError: PYGGML_NUM_THREADS: a number of threads in [1, 512]"),
+                                         ("513", "ArgumentError: PYGGML_NUM_THREADS"),
+                                         ("two", "ArgumentError: PYGGML_NUM_THREADS")])
+def test_the_default_thread_count_comes_from_the_environment_at_import(value, want):
+    """PYGGML_NUM_THREADS: compute's default threads (DEFAULT_N_THREADS), seen by the
+    kernel too: the node's thread count in the plan a default compute makes."""
+    import subprocess
+    import sys
+    code = ("import pyggml, numpy as np\n"
+            "with pyggml.Context(1 << 20) as ctx:\n"
+            "    g = pyggml.Graph(ctx)\n"
+            "    t = pyggml.mul_mat(ctx, ctx.from_numpy(np.ones((64, 64), np.float32)), "
+            "ctx.from_numpy(np.ones((64, 64), np.float32)))\n"
+            "    g.build_forward_expand(t)\n"
+            "    g.compute()\n"
+            "    print(pyggml.DEFAULT_N_THREADS, pyggml._cpu._last_threads())\n")
+    env = {**os.environ, "PYGGML_NUM_THREADS": value}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    if want == "cores":
+        n = len(os.sched_getaffinity(0))
+        assert proc.stdout.split() == [str(n), str(n)], proc.stderr
+    elif want.startswith("ArgumentError"):
+        assert proc.returncode != 0 and want in proc.stderr, proc.stderr
+    else:
+        assert proc.stdout.split() == want.split(), proc.stderr
+
+
 def test_closed_context_graph_raises():
     ctx = pyggml.Context(1 << 20)
     g = pyggml.Graph(ctx)
