@@ -51,7 +51,7 @@ def _dataset(x, y):
 @pytest.mark.parametrize("optimizer, params, want", [("adamw", {"alpha": 3e-3}, 0.93), ("sgd", {"alpha": 0.3}, 0.85)])
 def test_a_classifier_learns_the_digits(optimizer, params, want):
     x, y = _digits()
-    cpu = pyggml.Backend("CPU", n_threads=2)
+    cpu = pyggml.Backend("CPU")
     sched = opt.Scheduler([cpu])
     weights, compute, images, logits = _model(cpu)
     trainer = opt.Optimizer(sched, compute, images, logits, loss="cross_entropy", optimizer=optimizer)
