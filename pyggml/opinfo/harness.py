@@ -159,7 +159,18 @@ def _base(arg: Arg) -> np.ndarray:
 def _raw(arg: Arg) -> tuple[np.ndarray, Type | None]:
     """What from_numpy gets for the storing tensor, and the type= to pass. Values are
     rounded (or quantized) once, here: the tensor and the reference both come from
-    these bits (quantizing dequantized values again is not idempotent for every type)."""
+    these bits (quantizing dequantized values again is not idempotent for every type).
+    Kept on the Arg (read-only): a sweep's case builds its tensors along several paths,
+    and quantizing them again for each was a sixth of a quick sweep's time."""
+    got = arg.__dict__.get("_raw_kept")
+    if got is None:
+        got = _raw_of(arg)
+        got[0].flags.writeable = False
+        object.__setattr__(arg, "_raw_kept", got)      # (a frozen dataclass: not a field)
+    return got
+
+
+def _raw_of(arg: Arg) -> tuple[np.ndarray, Type | None]:
     t = Type(arg.type)
     base = _base(arg)
     if t == Type.BF16:
