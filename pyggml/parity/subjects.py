@@ -161,7 +161,7 @@ class OpSubject(Subject):
                 if Type[case.type] != Type.F32:
                     return Outcome(verdict="skipped", detail="the torch path takes F32 samples")
                 try:
-                    return Outcome([torch_ops.run(self.op, harness._ref_args(s))])
+                    return Outcome([torch_ops.run(self.op, harness._ref_args(s), n_threads)])
                 except Exception as e:      # a sample our torch one-liner does not cover (torch's error)
                     return Outcome(verdict="skipped", detail=f"torch: {type(e).__name__}: {str(e)[:200]}")
             out, _ = harness.compute(info, s, n_threads, use_ref=(path == "ggml-ref"),

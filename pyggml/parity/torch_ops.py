@@ -59,10 +59,15 @@ def has(op: str) -> bool:
     return available() and op in OPS
 
 
-def run(op: str, args: list[Any]) -> np.ndarray:
+def run(op: str, args: list[Any], n_threads: int = 1) -> np.ndarray:
     """torch's result for the reference's arguments (arrays become float32 tensors;
-    scalars pass as they are)."""
+    scalars pass as they are), computed on ``n_threads`` of torch's threads (the sweep's
+    --threads: torch's default, every core in each worker, left the workers' OpenMP
+    threads spinning against each other: a full sweep with torch on 2 cores took 19-21 s
+    with --threads 1 against 12 s with --threads 2, whose workers wait passively)."""
     import torch  # type: ignore[import-not-found]
+    if torch.get_num_threads() != n_threads:
+        torch.set_num_threads(n_threads)
     targs = [torch.from_numpy(np.ascontiguousarray(a, np.float32)) if isinstance(a, np.ndarray) else a
              for a in args]
     with torch.no_grad():
