@@ -229,9 +229,10 @@ _proof_limit_from_environment()
 # so a graph whose structure this process proved already is not proven again: a prebuilt
 # ggml, whose kernels pyggml cannot fingerprint, proves every graph, and most graphs of a
 # program (a loop's, a test suite's) repeat one another's. Only clean proofs are kept; a
-# graph with an index op is proven every time (its kernels follow values); pyggml.prove()
-# always proves. The signatures kept are bounded in bytes: past the bound they are
-# forgotten, all at once.
+# graph with an index op is proven every time (its kernels follow values); _cpu.prove()
+# proves every time unless its caller passes kept=True (the parity probe does; the defect
+# probes and the rule tests do not). The signatures kept are bounded in bytes: past the
+# bound they are forgotten, all at once.
 
 cdef dict _proven = {}
 cdef Py_ssize_t _proven_bytes = 0
