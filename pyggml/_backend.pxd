@@ -22,6 +22,7 @@ cdef class Backend(Executor):
     cdef int _start_rpc(self, str name, object endpoint, object timeout) except -1
     cdef int _need_open(self) except -1
     cdef int _prepare(self, Graph graph, int n) except -1
+    cdef int _set_threads(self, int n) except -1
     cdef int _check_supported(self, Graph graph) except -1
 
 

@@ -321,8 +321,10 @@ cdef class Backend(Executor):
     :func:`backends`, or ``"RPC"`` with ``endpoint="host:port"``: a device of a server of
     ggml's RPC backend (:mod:`pyggml.rpc`), its memory in the server's process; ``timeout``
     (seconds, default 60) bounds every call that waits for that server, after which (or
-    when the server dies, or on Ctrl-C) the connection is given up and RPCError raised. ``n_threads`` (CPU backend): threads per compute (default: as
-    :meth:`pyggml.Graph.compute`). One compute runs on a backend at a time: a compute
+    when the server dies, or on Ctrl-C) the connection is given up and RPCError raised.
+    ``n_threads``: threads per compute (default: as :meth:`pyggml.Graph.compute`), for the
+    CPU backend and any other that takes a thread count (``ggml_backend_set_n_threads`` in
+    its registry: the BLAS backend, whose BLAS library runs on that many). One compute runs on a backend at a time: a compute
     from another thread waits for the running one. ``host``: whether its buffers are host
     memory (the CPU and BLAS backends; not a GPU's), which :meth:`Tensor.numpy` can show."""
 
@@ -476,7 +478,7 @@ cdef class Backend(Executor):
 
     @property
     def n_threads(self):
-        """Threads per compute (CPU backend; None: pyggml's default)."""
+        """Threads per compute (the CPU and BLAS backends; None: pyggml's default)."""
         return self._n_threads
 
     @n_threads.setter
@@ -574,6 +576,17 @@ cdef class Backend(Executor):
         cdef Graph g = arg_instance(graph, Graph, 'graph', 'graph_compute')
         self.run(g, None, False)
 
+    cdef int _set_threads(self, int n) except -1:
+        """Threads for this backend's next computes: the CPU backend's, and any other
+        whose ggml registry offers ``ggml_backend_set_n_threads`` (the BLAS backend: its
+        BLAS library's threads, which ggml otherwise sets to 4 at every product); not an
+        RPC backend's (its server's own)."""
+        if self.is_cpu:
+            ggml_backend_cpu_set_n_threads(self.ptr, n)
+        elif self.remote is None:
+            pyggml_backend_set_n_threads(self.ptr, n)
+        return 0
+
     cdef int _prepare(self, Graph graph, int n) except -1:
         """This backend's checks of ``graph`` before ggml computes it (on ``n`` threads);
         called with the backend locked."""
@@ -581,7 +594,7 @@ cdef class Backend(Executor):
         cdef void * probe
         if self.is_cpu:
             graph._check_threads(n, "compute")
-            ggml_backend_cpu_set_n_threads(self.ptr, n)
+            self._set_threads(n)
             # the CPU backend plans the graph itself: plan it first under the guard
             # (ggml_graph_plan asserts on some nodes), and refuse what its plan
             # would under-size (pyggml.defects "fab-work-size")
@@ -602,6 +615,7 @@ cdef class Backend(Executor):
                                            f"threads, more than this process can allocate")
                 free(probe)
             return 0
+        self._set_threads(n)
         self._check_supported(graph)
         if graph._index_ops:
             # pyggml checks indices by reading them: not in device memory
@@ -758,6 +772,7 @@ cdef object _compare_graph_backend(Graph graph, Backend backend1, Backend backen
                 b._prepare(graph, _need_threads(b._n_threads))
                 note_threads(_need_threads(b._n_threads))
             else:
+                b._set_threads(_need_threads(b._n_threads))
                 b._check_supported(graph)
     except BaseException:
         graph._set_busy(False)

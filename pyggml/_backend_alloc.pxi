@@ -461,8 +461,8 @@ cdef class Scheduler:
         (``ggml_backend_sched_graph_compute``) with the GIL released, after pyggml's
         checks; allocates it first unless it is this scheduler's last allocated graph (a
         graph whose leafs would get fresh memory that way is refused: they would hold no
-        values; allocate it, set them, then compute). ``n_threads``: for the CPU backends
-        (default: each backend's own)."""
+        values; allocate it, set them, then compute). ``n_threads``: for every backend that
+        takes a thread count (the CPU and BLAS backends; default: each backend's own)."""
         cdef Graph g = arg_instance(graph, Graph, 'graph', 'graph_compute')
         cdef Backend b
         for b in self.backends:
@@ -485,11 +485,13 @@ cdef class Scheduler:
         try:
             keep = g._hold()
             for b in self.backends:
+                n = _need_threads(n_threads if n_threads is not None else b._n_threads)
                 if b.is_cpu:
-                    n = _need_threads(n_threads if n_threads is not None else b._n_threads)
                     b._prepare(g, n)
                     most = max(most, n)
-                elif g._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
+                    continue
+                b._set_threads(n)
+                if g._index_ops and not ggml_backend_buft_is_host(ggml_backend_get_default_buffer_type(b.ptr)):
                     raise ArgumentError(f"compute: the graph reads positions from tensor values (get_rows, ...), "
                                         f"which pyggml cannot check in {b.name}'s memory")
             note_threads(most)

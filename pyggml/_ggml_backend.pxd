@@ -82,6 +82,7 @@ cdef extern from "_compat.h" nogil:
 cdef extern from "pyggml_rt.h" nogil:
     int pyggml_try_gallocr_alloc_graph(pyggml_guard * g, ggml_gallocr * galloc, ggml_cgraph * graph, int * ok)
     int pyggml_try_sched_alloc_graph(pyggml_guard * g, ggml_backend_sched * sched, ggml_cgraph * graph, int * ok)
+    int pyggml_backend_set_n_threads(ggml_backend * backend, int n_threads)
     ctypedef struct pyggml_node_cmp:
         int index
         int compared

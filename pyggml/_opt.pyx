@@ -553,9 +553,9 @@ cdef class Optimizer:
         try:
             self._check()                    # a context or backend closed while this waited
             for b in backends:
+                n = _need_threads(b._n_threads)
+                b._set_threads(n)
                 if b.is_cpu:
-                    n = _need_threads(b._n_threads)
-                    ggml_backend_cpu_set_n_threads(b.ptr, n)
                     note_threads(n)
                     if n_cpu < 16:
                         cpu[n_cpu] = b.ptr

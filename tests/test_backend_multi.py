@@ -73,6 +73,44 @@ def test_blas_refuses_a_node_it_cannot_compute_before_ggml_aborts():
         assert not blas.supports_op(small)     # ggml-blas leaves products under 32 to the CPU
 
 
+def _openblas():
+    """The OpenBLAS ggml-blas loaded (ctypes, the same instance), or None."""
+    import ctypes
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libopenblas" in line}
+    return ctypes.CDLL(sorted(paths)[0]) if paths else None
+
+
+@needs_blas
+def test_the_blas_backend_computes_on_the_threads_it_is_given():
+    # ggml-blas sets its BLAS library's threads before every product, to 4 unless told
+    # (GGML_DEFAULT_N_THREADS: twice this machine's cores on 2): pyggml tells it the
+    # backend's n_threads, in a compute on the backend and in a scheduler's
+    lib = _openblas()
+    if lib is None:
+        pytest.skip("the BLAS backend's library is not OpenBLAS")
+    with pyggml.Context(1 << 20, no_alloc=True) as ctx:
+        a, b, mm, out, g = _mm_graph(ctx, then_add=False)
+        blas = pyggml.Backend("BLAS", n_threads=1)
+        blas.alloc_ctx_tensors(ctx)
+        a.set(f32(48, 64))
+        b.set(f32(40, 64))
+        for n in (1, 2, 1):
+            blas.n_threads = n
+            blas.graph_compute(g)
+            assert lib.openblas_get_num_threads() == n
+    ctx = pyggml.Context(1 << 20, no_alloc=True)
+    a, b, mm, out, g = _mm_graph(ctx)
+    sched = pyggml.Scheduler([pyggml.Backend("BLAS", n_threads=2), pyggml.Backend("CPU", n_threads=1)])
+    sched.alloc_graph(g)
+    a.set(f32(48, 64))
+    b.set(f32(40, 64))
+    sched.graph_compute(g)
+    assert lib.openblas_get_num_threads() == 2
+    sched.graph_compute(g, n_threads=1)             # a compute's own count, for every backend
+    assert lib.openblas_get_num_threads() == 1
+
+
 @pytest.mark.parametrize("with_blas", [False, pytest.param(True, marks=needs_blas)])
 def test_the_scheduler_splits_allocates_and_computes_a_graph(with_blas):
     x, y = f32(48, 64), f32(40, 64, seed=1)

@@ -26,6 +26,20 @@ int pyggml_try_sched_alloc_graph(pyggml_guard * g, ggml_backend_sched_t sched, s
     return 0;
 }
 
+/* --- threads ---------------------------------------------------------------------------- */
+int pyggml_backend_set_n_threads(ggml_backend_t backend, int n_threads) {
+    typedef void (*set_n_threads_fn)(ggml_backend_t, int);   /* ggml_backend_set_n_threads_t */
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev != NULL ? ggml_backend_dev_backend_reg(dev) : NULL;
+    set_n_threads_fn set =
+        reg != NULL ? (set_n_threads_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") : NULL;
+    if (set == NULL) {
+        return 0;
+    }
+    set(backend, n_threads);
+    return 1;
+}
+
 /* --- ggml_backend_compare_graph_backend ------------------------------------------------ */
 #include <math.h>
 #include <stdlib.h>

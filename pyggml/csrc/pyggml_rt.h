@@ -406,6 +406,9 @@ PYGGML_RT_API void pyggml_attn_bwd_probe(struct ggml_tensor * probe, struct ggml
                                          float scale, int masked, int grouping);
 PYGGML_RT_API struct ggml_tensor * pyggml_attn_bwd_node(struct ggml_context * ctx, struct ggml_tensor ** srcs,
                                                         int n_srcs, float scale, int masked, int grouping);
+/* a backend's threads per compute through its registry's "ggml_backend_set_n_threads"
+ * (ggml's CPU and BLAS backends register one): 1 when set, 0 when it has none */
+PYGGML_RT_API int pyggml_backend_set_n_threads(struct ggml_backend * backend, int n_threads);
 struct ggml_backend_sched;
 /* ggml_backend_sched_alloc_graph under the abort guard: 1 (and *ok its result), or 0 when it aborted */
 PYGGML_RT_API int pyggml_try_sched_alloc_graph(pyggml_guard * g, struct ggml_backend_sched * sched,
