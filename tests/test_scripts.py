@@ -605,6 +605,25 @@ def test_the_threads_benchmark_compares_every_system_on_1_and_2_threads(tmp_path
     assert f"CPU: {cpu_model()}" in proc.stdout
 
 
+def test_the_training_benchmark_trains_the_same_models_in_both(tmp_path):
+    """A smoke run of scripts/bench_train.py (no timing asserted): ggml-opt and torch train
+    the same two models from the same weights on the same batches with the same AdamW, so
+    their losses after the same epochs agree (a benchmark of two different computations
+    would not); the CPU backend's two kernel rates are printed."""
+    pytest.importorskip("torch")
+    out = tmp_path / "train.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_train.py"), "--rounds", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert sorted(doc["models"]) == ["digits", "mlp784"] and doc["backends"] == ["CPU"] and doc["threads"] == 1
+    for row in doc["models"].values():
+        assert row["pyggml_ms"] > 0 and row["torch_ms"] > 0
+        assert 0 < row["loss_pyggml"] < 3 and row["loss_pyggml"] == pytest.approx(row["loss_torch"], rel=1e-3)
+    assert all(v > 0 for v in doc["cpu_backend_gflops"].values())
+    assert "OUT_PROD" in proc.stdout and f"CPU: {cpu_model()}" in proc.stdout
+
+
 def test_the_build_comparison_benchmark_runs_both_builds(tmp_path):
     """A smoke run of scripts/bench_matmul_builds.py --dry-run, this interpreter as both
     builds: every weight type timed in each, the ratio printed, the llamafile flag read."""
