@@ -24,6 +24,8 @@ cdef class Context:
         Create tensors without data (shape inference only); such graphs cannot
         be computed.
 
+    Notes
+    -----
     A Context is a context manager; ``close()`` frees the ggml_context. Tensors
     of a closed context raise :class:`~pyggml.ContextClosedError`; numpy views taken
     before stay valid, and so do tensors of other contexts made from its tensors.

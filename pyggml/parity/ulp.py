@@ -446,7 +446,8 @@ BOUNDS: dict[tuple[str, str], Bound] = _bounds()
 def format_markdown(rows: list[Row]) -> str:
     """The sweep as a Markdown table per op, each bound's reasons under it (docs/ulp.md)."""
     import pyggml
-    out = [f"ggml {pyggml.ggml_version()}: `pyggml parity ulp --markdown F`. Max ULP is over the inputs where "
+    out = ["# ULP sweep: one-input elementwise ops against correctly rounded results", "",
+           f"ggml {pyggml.ggml_version()}: `pyggml parity ulp --markdown F`. Max ULP is over the inputs where "
            "neither result is NaN; *not CR*: inputs whose result is not the correctly rounded one; NaN-: the exact "
            "result is NaN and ggml's a number; NaN+: ggml's is NaN and the exact one a number.", ""]
     for op in dict.fromkeys(r.op for r in rows):
