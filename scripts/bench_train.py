@@ -132,28 +132,45 @@ class Torch:
 def kernel_rates(threads: int, rounds: int) -> dict[str, float]:
     """GFLOP/s of the two products of mlp784's first layer on the CPU backend
     (``Graph.compute``): MUL_MAT, the forward W1·X, and OUT_PROD, the gradient of W1 that
-    ggml's autodiff builds for it (what BLAS takes over in a BLAS scheduler)."""
+    ggml's autodiff builds for it (what BLAS takes over in a BLAS scheduler); and OUT_PROD's
+    milliseconds beside those of the whole forward and backward graph of one batch."""
     import pyggml
     n_in, hidden, _, batch, _ = MODELS["mlp784"]
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, n_in)).astype(np.float32)
     w1 = rng.standard_normal((hidden, n_in)).astype(np.float32)
     dh = rng.standard_normal((batch, hidden)).astype(np.float32)
+    w2 = rng.standard_normal((MODELS["mlp784"][2], hidden)).astype(np.float32)
+    y = np.eye(MODELS["mlp784"][2], dtype=np.float32)[rng.integers(0, MODELS["mlp784"][2], batch)]
+
+    def step(c):        # the MLP's forward and backward, as ggml's autodiff builds it
+        p = [c.from_numpy(v) for v in (w1, np.zeros(hidden, np.float32), w2, np.zeros(len(w2), np.float32))]
+        for t in p:
+            pyggml.set_param(t)
+        h = pyggml.relu(c, pyggml.add(c, pyggml.mul_mat(c, p[0], c.from_numpy(x)), p[1]))
+        loss = pyggml.cross_entropy_loss(c, pyggml.add(c, pyggml.mul_mat(c, p[2], h), p[3]), c.from_numpy(y))
+        pyggml.set_loss(loss)
+        return loss
     builds = {"MUL_MAT": lambda c: pyggml.mul_mat(c, c.from_numpy(w1), c.from_numpy(x)),
-              "OUT_PROD": lambda c: pyggml.out_prod(c, c.from_numpy(x), c.from_numpy(dh))}
-    rates = {}
+              "OUT_PROD": lambda c: pyggml.out_prod(c, c.from_numpy(x), c.from_numpy(dh)),
+              "step": step}
+    ms = {}
     for name, build in builds.items():
-        with pyggml.Context(16 << 20) as ctx:
-            g = pyggml.Graph(ctx)
+        with pyggml.Context(64 << 20) as ctx:
+            g = pyggml.Graph(ctx, 1024, grads=name == "step")
             g.build_forward_expand(build(ctx))
+            if name == "step":
+                g.build_backward_expand()
             g.compute(threads)
             times = []
             for _ in range(max(rounds, 5) * 4):
                 t0 = time.process_time()
                 g.compute(threads)
                 times.append(time.process_time() - t0)
-        rates[name] = 2 * n_in * hidden * batch / statistics.median(times) / 1e9
-    return rates
+        ms[name] = statistics.median(times) * 1e3
+    flop = 2 * n_in * hidden * batch
+    return {"MUL_MAT": flop / ms["MUL_MAT"] / 1e6, "OUT_PROD": flop / ms["OUT_PROD"] / 1e6,
+            "OUT_PROD_ms": ms["OUT_PROD"], "forward_backward_ms": ms["step"]}
 
 
 def main() -> None:
@@ -212,8 +229,9 @@ def main() -> None:
         r = kernel_rates(args.threads, args.rounds)
         print(f"CPU backend, mlp784's first layer ({MODELS['mlp784'][0]}x{MODELS['mlp784'][1]}, batch "
               f"{MODELS['mlp784'][3]}): MUL_MAT (forward) {r['MUL_MAT']:.1f} GFLOP/s, OUT_PROD (its weight "
-              f"gradient in ggml's autodiff) {r['OUT_PROD']:.1f} GFLOP/s")
-        doc["cpu_backend_gflops"] = r
+              f"gradient in ggml's autodiff) {r['OUT_PROD']:.1f} GFLOP/s: {r['OUT_PROD_ms']:.2f} ms of the forward "
+              f"and backward's {r['forward_backward_ms']:.2f} ms (Graph.compute, without the optimizer)")
+        doc["cpu_backend_kernels"] = r
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
