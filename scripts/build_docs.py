@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Build pyggml's documentation site (Sphinx, warnings as errors) from the sources.
 
-The hand-written pages are in ``docs/site/`` (the front page, the guides, the API
-reference, which Sphinx's autodoc fills from the docstrings of the installed pyggml).
-This script copies them to ``<out>/src``, adds the pages it generates, and runs
-``sphinx-build -W`` into ``<out>/html``:
+The hand-written pages are in ``docs/site/``: the front page (which takes the README's
+opening, up to its Documentation section), the guides (``docs/site/guides/``, which the
+README links to), Sphinx's configuration. This script copies them to ``<out>/src``, copies
+``docs/*.md`` in as the notes, adds the pages it generates, and runs ``sphinx-build -W``
+into ``<out>/html``:
 
 * **one page per ggml graph builder** (``ops/<name>.md``), from pyggml's op table
   (``pyggml/ops.txt``: the C signature, what the node is, since which release) and its
@@ -14,7 +15,8 @@ This script copies them to ``<out>/src``, adds the pages it generates, and runs
   runnable example: the smallest contiguous sample of the registry written out as a
   script, run while the page is made, and checked against the float64 reference to the
   op's tolerance (an example that does not pass is not shown, and the build says so);
-* the op index, by family.
+* the op index, by family;
+* the API reference's lists (autodoc fills them from the installed pyggml's docstrings).
 
 ``--check`` then checks the built site: every internal link and anchor resolves
 (``check_links``), and with Chromium on the PATH (``--chromium``), every page loads in
@@ -324,72 +326,38 @@ def generate_ops(dest: Path) -> dict[str, int]:
     return counts
 
 
-# --- the guides, from the README; the notes, from docs/ --------------------------------
+# --- the front page, from the README; the guides' links; the notes, from docs/ ------------
 
 NOTES = ROOT / "docs"
+GUIDES_TO_NOTES = "](../../"        # a guide's link to docs/X.md, as it reads in the repository
 
 
-def _slug(title: str) -> str:
-    keep = "".join(c if c.isalnum() else "-" for c in title.lower().split(":")[0])
-    return "-".join(p for p in keep.split("-") if p)[:40]
-
-
-def readme_sections(text: str) -> tuple[str, list[tuple[str, str]]]:
-    """(the README's text before its first ``##`` heading, [(title, body)] of each ``##``
-    section), fences respected (a ``#`` line in a code block is not a heading)."""
-    intro: list[str] = []
-    sections: list[tuple[str, list[str]]] = []
+def readme_front(text: str) -> str:
+    """The front page's text: the README from after its title up to its "Documentation"
+    section (which lists what the site's navigation shows), its links to the guides made
+    the site's, a ``##`` in a code block left alone."""
+    out: list[str] = []
     fence = ""
-    for line in text.splitlines():
+    for i, line in enumerate(text.splitlines()):
         stripped = line.lstrip()
         if stripped.startswith(("```", "~~~")):
             mark = stripped[:3]
             fence = "" if fence == mark else (fence or mark)
-        if not fence and line.startswith("## "):
-            sections.append((line[3:].strip(), []))
+        if not fence and line.startswith("## Documentation"):
+            break
+        if i == 0 and line.startswith("# "):
             continue
-        (sections[-1][1] if sections else intro).append(line)
-    return "\n".join(intro), [(t, "\n".join(b)) for t, b in sections]
-
-
-def _demote(body: str) -> str:
-    """A README section's sub-headings one level up (its ``###`` is the page's ``##``)."""
-    out, fence = [], ""
-    for line in body.splitlines():
-        stripped = line.lstrip()
-        if stripped.startswith(("```", "~~~")):
-            mark = stripped[:3]
-            fence = "" if fence == mark else (fence or mark)
-        if not fence and line.startswith("###"):
-            line = line[1:]
         out.append(line)
-    return "\n".join(out)
+    return "\n".join(out).replace("](docs/site/guides/", "](guides/").replace("](docs/", "](notes/").rstrip() + "\n"
 
 
-def _relink(text: str, to_notes: str) -> str:
-    """The README's and notes' links to docs/*.md, to the notes' pages."""
-    for p in sorted(NOTES.glob("*.md")):
-        text = text.replace(f"](docs/{p.name})", f"]({to_notes}{p.name})")
-    return text
-
-
-def generate_guides(dest: Path) -> int:
-    intro, sections = readme_sections((ROOT / "README.md").read_text())
-    # the front page's text: the README's own opening (its title is the page's)
-    lines = intro.splitlines()
-    if lines and lines[0].startswith("# "):
-        lines = lines[1:]
-    (dest / "_readme_intro.md").write_text(_relink("\n".join(lines), "notes/") + "\n")
-    gdir = dest / "guides"
-    gdir.mkdir(exist_ok=True)
-    names = []
-    for title, body in sections:
-        name = _slug(title)
-        names.append(name)
-        (gdir / f"{name}.md").write_text(f"# {title}\n{_relink(_demote(body), '../notes/')}\n")
-    (gdir / "index.md").write_text("# Guides\n\nThe README's sections, one page each (the README is their "
-                                   "source).\n\n```{toctree}\n:maxdepth: 1\n\n" + "\n".join(names) + "\n```\n")
-    ndir = dest / "notes"
+def prepare_guides(src: Path) -> int:
+    """The front page's README part, the guides' links to the notes, the notes copied in."""
+    (src / "_readme_intro.md").write_text(readme_front((ROOT / "README.md").read_text()))
+    guides = sorted((src / "guides").glob("*.md"))
+    for g in guides:
+        g.write_text(g.read_text().replace(GUIDES_TO_NOTES, "](../notes/"))
+    ndir = src / "notes"
     ndir.mkdir(exist_ok=True)
     notes = sorted(p.stem for p in NOTES.glob("*.md"))
     for p in sorted(NOTES.glob("*.md")):
@@ -397,7 +365,7 @@ def generate_guides(dest: Path) -> int:
     (ndir / "index.md").write_text("# Notes\n\nThe project's notes (`docs/`): upstream defects ready to file, the "
                                    "backend layer's ownership model, the ULP sweep.\n\n```{toctree}\n:maxdepth: 1"
                                    "\n\n" + "\n".join(notes) + "\n```\n")
-    return len(names)
+    return len(guides) - 1      # (guides/index.md)
 
 
 # --- the API reference ------------------------------------------------------------------
@@ -447,7 +415,7 @@ def build(out: Path, jobs: str = "auto") -> dict:
     shutil.copytree(SITE, src)
     t0 = time.perf_counter()
     counts = generate_ops(src)
-    counts["guides"] = generate_guides(src)
+    counts["guides"] = prepare_guides(src)
     counts["api"] = generate_api(src)
     gen_s = time.perf_counter() - t0
     html_dir = out / "html"

@@ -80,12 +80,13 @@ def test_an_example_that_disagrees_with_the_reference_is_not_shown():
     assert docs.make_example(row, wrong) is None
 
 
-def test_the_readme_splits_into_guides_at_its_sections_not_at_code_comments():
-    intro, sections = docs.readme_sections("# T\nintro\n## One\ntext\n```python\n## not a heading\n```\n## Two\nx\n")
-    assert intro == "# T\nintro"
-    assert [t for t, _ in sections] == ["One", "Two"]
-    assert "## not a heading" in sections[0][1]
-    assert docs._demote("### Sub\n```\n### code\n```") == "## Sub\n```\n### code\n```"
+def test_the_front_page_is_the_readme_up_to_its_documentation_section():
+    text = "# T\nintro [g](docs/site/guides/x.md) [n](docs/n.md)\n```sh\n## Documentation in code\n```\n" \
+           "## Use\nu\n## Documentation\nlist\n## Limits\nl\n"
+    front = docs.readme_front(text)
+    assert front.startswith("intro [g](guides/x.md) [n](notes/n.md)")
+    assert "## Documentation in code" in front and "## Use\nu" in front
+    assert "list" not in front and "Limits" not in front
 
 
 def _site(tmp_path, body):

@@ -1,5 +1,5 @@
 """Every exception the Python layer raises on bad input is a pyggml.GGMLError (and the
-builtin a caller expects), as the README promises: attention_backward and opt.fit used to
+builtin a caller expects), as the guide promises (docs/site/guides/scripting.md): attention_backward and opt.fit used to
 raise plain ValueError and TypeError."""
 
 import numpy as np
@@ -81,9 +81,9 @@ def class_tree():
     return out
 
 
-@pytest.mark.parametrize("where", ["errors.py", "README.md"])
+@pytest.mark.parametrize("where", ["errors.py", "docs/site/guides/scripting.md"])
 def test_the_drawn_exception_tree_is_the_class_tree(where):
-    text = errors.__doc__ if where == "errors.py" else (ROOT / "README.md").read_text()
+    text = errors.__doc__ if where == "errors.py" else (ROOT / where).read_text()
     assert drawn_tree(text) == class_tree()
     assert sorted(errors.__all__) == sorted(class_tree())
 

@@ -1,5 +1,5 @@
-"""The README's Python examples run as written, and compute what they claim: each
-```python block is executed in a fresh namespace (fragments are fenced ```py); the Llama-style block is compared
+"""The README's and the guides' Python examples run as written, and compute what they
+claim: each ```python block is executed in a fresh namespace (fragments are fenced ```py); the Llama-style block is compared
 with a float64 NumPy transformer and the training loop with NumPy's AdamW."""
 
 import re
@@ -8,27 +8,46 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if README.exists() else []
-pytestmark = pytest.mark.skipif(not BLOCKS, reason="needs the source tree's README.md")
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# the README and the guides it links to (docs/site/guides/, the documentation site's pages)
+DOCS = [README] + sorted((ROOT / "docs" / "site" / "guides").glob("*.md")) if README.exists() else []
+BLOCKS = [(f"{p.relative_to(ROOT)} block {i}", code) for p in DOCS
+          for i, code in enumerate(re.findall(r"```python\n(.*?)```", p.read_text(), re.S))]
+pytestmark = pytest.mark.skipif(not BLOCKS, reason="needs the source tree's README.md and guides")
 
 
 def _run(marker):
-    (code,) = [b for b in BLOCKS if marker in b]
+    ((where, code),) = [(w, b) for w, b in BLOCKS if marker in b]
     ns = {"__name__": "readme"}
-    exec(compile(code, f"README.md[{marker}]", "exec"), ns)
+    exec(compile(code, f"{where}[{marker}]", "exec"), ns)
     return ns
 
 
 def test_every_python_block_runs(capsys):
     import pyggml
-    ran = 0
-    for i, code in enumerate(BLOCKS):
+    ran = set()
+    for where, code in BLOCKS:
         if "pyggml.rpc.RPCServer()" in code and pyggml.rpc_protocol() is None:
             continue        # a build without ggml's RPC backend (a prebuilt ggml): its own test says so
-        exec(compile(code, f"README.md block {i}", "exec"), {"__name__": "readme"})
-        ran += 1
-    assert ran >= 5
+        exec(compile(code, where, "exec"), {"__name__": "readme"})
+        ran.add(where.split(" block ")[0])
+    assert len([w for w, _ in BLOCKS]) >= 10 and "README.md" in ran and len(ran) >= 4
+
+
+def test_the_readme_links_every_guide_and_the_guides_index_lists_them():
+    guides = {p.stem for p in (ROOT / "docs" / "site" / "guides").glob("*.md")} - {"index"}
+    text = README.read_text()
+    assert {g for g in guides if f"](docs/site/guides/{g}.md)" in text} == guides
+    index = (ROOT / "docs" / "site" / "guides" / "index.md").read_text()
+    assert {line.strip() for line in index.splitlines()} >= guides
+
+
+def test_the_front_page_example_prints_what_its_comment_says(capsys):
+    _run("pyggml.silu(ctx, pyggml.scale(ctx, x, 0.5))")
+    got = np.array([float(v) for v in re.findall(r"-?\d+\.\d+", capsys.readouterr().out)])
+    x = np.array([1.0, -2.0, 3.0]) * 0.5
+    np.testing.assert_allclose(got, x / (1 + np.exp(-x)), rtol=1e-6)
 
 
 def test_scripting_example_prints_its_values(capsys):
