@@ -2,7 +2,7 @@
 (``ggml_opt_init`` with static graphs, ``epoch()``), and :func:`fit`, the loop over
 epochs that ``ggml_opt_fit`` is, with a Python callable for the optimizer's
 parameters per epoch and the results of every epoch returned instead of printed.
-See the README's training example."""
+See the training example in docs/site/guides/examples.md."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ in torch (``zero_grad``, forward, ``cross_entropy``, ``backward``, ``AdamW.step`
 Two models, both a two-layer ReLU MLP trained with AdamW (ggml-opt's defaults: alpha 1e-3,
 betas 0.9/0.999, eps 1e-8, no weight decay; torch's AdamW given the same):
 
-* ``digits``: the README's classifier, 64-32-10, batch 50, 1,500 points per epoch
+* ``digits``: the classifier of tests/test_opt.py, 64-32-10, batch 50, 1,500 points per epoch
   (scikit-learn's 8x8 digits where it is installed, else random points of that shape);
 * ``mlp784``: 784-512-10, batch 64, 1,280 random points per epoch.
 

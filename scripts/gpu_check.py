@@ -13,7 +13,7 @@ Steps, each timed and given a verdict (ok / FAIL / skipped) in one summary table
 3. ``parity``: the parity sweep's ``backend:DEVICE`` path with the float64 reference, over
    every registry op (``python -m pyggml parity --paths backend:DEVICE,ggml,reference``): every
    row the device computes is judged by float64, next to the CPU kernel's row.
-4. ``llama``: the README's Llama-style block (at width 256, 32 tokens), allocated in the
+4. ``llama``: the examples guide's Llama-style block (at width 256, 32 tokens), allocated in the
    device's buffers and compared node by node with the CPU (``compare_graph_backend``), and
    its output against the same block computed by the CPU.
 5. ``attention``: ggml's ``flash_attn_ext`` on the device (F16 K/V, causal mask, GQA, head
@@ -162,7 +162,7 @@ def _rows(data) -> list[dict]:
 
 
 def _llama_block(pyggml, ctx, W, x0, T, d, H):
-    """The README's Llama-style block (tests/test_readme.py runs the README's own copy), from
+    """The Llama-style block of docs/site/guides/examples.md (tests/test_readme.py runs that copy), from
     the embedded tokens ``x0`` on: ``compare_graph_backend`` takes no graph with an index op
     (get_rows reads rows at positions it cannot check there), and the sweep checks get_rows.
     Returns the output and {leaf: its value}, set by the caller once allocated."""

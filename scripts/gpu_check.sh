@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: build pyggml with ggml's CUDA backend for the
 # local GPU on every core, then run scripts/gpu_check.py's steps (the backend tests, the parity
-# sweep's backend:CUDA0 path against float64, the README's Llama block compared node by node
+# sweep's backend:CUDA0 path against float64, the examples guide's Llama block compared node by node
 # with the CPU, flash attention against float64) and print one summary table; the report is
 # OUT/gpu_check.json (OUT: --out, default gpu-check).
 #
@@ -14,7 +14,7 @@
 #
 # Needs: PYTHON (default python3) with numpy, Cython, cython-cmake, scikit-build-core, pytest,
 # pytest-xdist; CMake and ninja; for CUDA, nvcc and cuBLAS (a system CUDA, or the registry's
-# toolkit: README, "CUDA"); Python 3.11 or newer (python -P). pyggml is installed into
+# toolkit: docs/site/guides/backends.md, "CUDA"); Python 3.11 or newer (python -P). pyggml is installed into
 # build/gpu-check-site (pip --target), not into PYTHON's own site-packages, and its build folder
 # is build/gpu-check (kept: a second run is incremental).
 set -euo pipefail

@@ -2,7 +2,7 @@
 # ggml's Vulkan backend without a GPU: built against Debian's Vulkan loader and glslc, run on
 # Mesa's lavapipe (llvmpipe: a Vulkan device on the CPU), through scripts/gpu_check.py's steps
 # with the device Vulkan0 (the backend tests, the parity sweep's backend:Vulkan0 path against
-# float64, the README's Llama block node by node against the CPU, flash attention). The report
+# float64, the examples guide's Llama block node by node against the CPU, flash attention). The report
 # is OUT/gpu_check.json (OUT: --out, default vulkan-check). Results: docs/backends.md, "Vulkan".
 #
 #   scripts/vulkan_check.sh            install the Debian packages, build, check
