@@ -419,10 +419,14 @@ def build(out: Path, jobs: str = "auto") -> dict:
     counts["api"] = generate_api(src)
     gen_s = time.perf_counter() - t0
     html_dir = out / "html"
+    if html_dir.exists():       # no page of an earlier build left to be checked (the doctrees stay: a cache)
+        shutil.rmtree(html_dir)
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-j", jobs,
            "-d", str(out / "doctrees"), str(src), str(html_dir)]
-    proc = subprocess.run(cmd, cwd=ROOT)
+    # not from the repository root: there `import pyggml` (conf.py, autodoc) would find the
+    # source tree's package, without its compiled modules, before the installed one
+    proc = subprocess.run(cmd, cwd=out)
     if proc.returncode:
         raise SystemExit(f"build_docs: sphinx-build failed (exit {proc.returncode}): {' '.join(cmd)}")
     return {**counts, "generate_s": gen_s, "sphinx_s": time.perf_counter() - t0, "html": str(html_dir)}

@@ -89,6 +89,21 @@ def test_the_front_page_is_the_readme_up_to_its_documentation_section():
     assert "list" not in front and "Limits" not in front
 
 
+def test_sphinx_runs_outside_the_source_tree(tmp_path, monkeypatch):
+    # from the repository root, conf.py's `import pyggml` finds the source tree's package
+    # (no compiled modules) before an installed one: CI's non-editable install failed so
+    calls = []
+
+    class Done:
+        returncode = 0
+    monkeypatch.setattr(docs.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw)) or Done())
+    got = docs.build(tmp_path / "out")
+    ((cmd, kw),) = calls
+    assert cmd[1:3] == ["-m", "sphinx"] and "-W" in cmd
+    assert kw["cwd"] == tmp_path / "out" and docs.ROOT not in (tmp_path / "out").parents
+    assert (tmp_path / "out" / "src" / "ops" / "mul_mat.md").exists() and got["guides"] >= 10
+
+
 def _site(tmp_path, body):
     (tmp_path / "sub").mkdir(parents=True)
     (tmp_path / "index.html").write_text(f"<html><body><h1 id='top'>x</h1>{body}</body></html>")
