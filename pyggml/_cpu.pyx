@@ -9,6 +9,7 @@ is another executor behind the same seam.
 cimport cython
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from cpython.exc cimport PyErr_CheckSignals, PyErr_WriteUnraisable
+from cpython.long cimport PyLong_AsLongAndOverflow
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
@@ -403,14 +404,20 @@ def fab_work_bytes(D, M, n_threads):
 
 
 cdef int _need_threads(object n_threads) except -1:
+    cdef long n = 0
+    cdef int overflow = 0
     if n_threads is None:
         return 1 if _forked_after_omp else _DEFAULT_N_THREADS
-    if type(n_threads) is int and 1 <= n_threads <= MAX_N_THREADS:
-        n = n_threads
+    if type(n_threads) is int:
+        # C, no Python int made or compared (most computes pass a small int)
+        n = PyLong_AsLongAndOverflow(n_threads, &overflow)
+    if type(n_threads) is int and overflow == 0 and 1 <= n <= MAX_N_THREADS:
+        pass
     else:
-        n = index_arg(n_threads, "n_threads", "compute")
-        if not 1 <= n <= MAX_N_THREADS:
-            raise ArgumentError(f"n_threads must be in [1, {MAX_N_THREADS}], got {n}")
+        v = index_arg(n_threads, "n_threads", "compute")
+        if not 1 <= v <= MAX_N_THREADS:
+            raise ArgumentError(f"n_threads must be in [1, {MAX_N_THREADS}], got {v}")
+        n = v
     if n > 1 and _forked_after_omp:
         raise UnsafeForkError(f"compute: n_threads={n} in a process forked after OpenMP threads ran in its "
                               f"parent: libgomp cannot start threads here (it would hang). Compute with "

@@ -34,11 +34,13 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def build_c_program(source: str, folder: str, name: str, include: str | None = None) -> str | None:
+def build_c_program(source: str, folder: str, name: str, include: str | None = None,
+                    shared: bool = False) -> str | None:
     """``source`` (C) compiled in ``folder`` against the libggml pyggml loaded (with the
     headers in ``include``; by default the vendored ones of this checkout), for the
-    benchmarks' C baselines and the shrunk reproducers: the executable's path, or None
-    without a C compiler, the headers or the libraries."""
+    benchmarks' C baselines and the shrunk reproducers: the executable's path (with
+    ``shared``, a shared library ``name.so`` built with ``-DPYGGML_C_LIBRARY``, for
+    ctypes), or None without a C compiler, the headers or the libraries."""
     import pyggml._core
 
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -49,9 +51,10 @@ def build_c_program(source: str, folder: str, name: str, include: str | None = N
             not os.path.exists(os.path.join(libdir, "libggml.so")):
         return None
     src = os.path.join(folder, name + ".c")
-    exe = os.path.join(folder, name)
+    exe = os.path.join(folder, name + (".so" if shared else ""))
     with open(src, "w") as f:
         f.write(source)
-    subprocess.run([cc, "-O2", src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
+    kind = ["-shared", "-fPIC", "-DPYGGML_C_LIBRARY"] if shared else []
+    subprocess.run([cc, "-O2", *kind, src, "-o", exe, f"-I{include}", f"-L{libdir}", "-lggml", "-lggml-base",
                     "-lggml-cpu", "-lpthread", f"-Wl,-rpath,{libdir}"], check=True)
     return exe

@@ -19,6 +19,14 @@ even the C calls slow down there). The C figures come from a small program built
 here against the same libggml pyggml loaded (needs a C compiler; skipped otherwise);
 ggml-python runs in its own interpreter (``--peer-python``), alternating with pyggml.
 
+The C cycle is timed a second time inside the pyggml process (the same source built as
+a shared library, one ctypes call per round): the same C calls cost more in a Python
+process that has imported numpy. numpy's wheel bundles libquadmath, whose constructor
+registers printf hooks, and with hooks registered glibc formats every ``snprintf`` on
+its slow positional path (51 against 85 ns for ``"node_%d"`` on a Zen 3, measured with
+and without that library loaded); ``ggml_build_forward_expand`` names each new node and
+leaf with one. pyggml's ratio is given against both.
+
 Run: ``python scripts/bench_overhead.py [--peer-python /path/to/venv/bin/python]``
 """
 
@@ -98,8 +106,15 @@ def best(f, n, rounds):
         out = min(out, (time.perf_counter() - t0) / n)
     return out * 1e6
 n_small, n_large, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-print(json.dumps({f"{k}@{n}": best(f, n, rounds if n == n_large else 25 * rounds)
-                  for k, f in BENCH.items() for n in (n_small, n_large)}))
+res = {f"{k}@{n}": best(f, n, rounds if n == n_large else 25 * rounds)
+       for k, f in BENCH.items() for n in (n_small, n_large)}
+if len(sys.argv) > 4:      # the C cycle again, in this process (ctypes: one call per round)
+    import ctypes
+    lib = ctypes.CDLL(sys.argv[4])
+    lib.bench_cycle.restype, lib.bench_cycle.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_int]
+    for n in (n_small, n_large):
+        res[f"cycle_c@{n}"] = lib.bench_cycle(n, rounds if n == n_large else 25 * rounds)
+print(json.dumps(res))
 """
 
 C_CODE = r"""
@@ -147,33 +162,47 @@ static double best(void (*f)(void), int n, int rounds) {
     }
     return out * 1e6;
 }
-int main(int argc, char ** argv) {
-    int n_small = atoi(argv[1]), n_large = atoi(argv[2]), rounds = atoi(argv[3]);
+static void setup(void) {
     struct ggml_threadpool_params p = ggml_threadpool_params_default(1);
     tp = ggml_threadpool_new(&p);
     struct ggml_init_params bp = {(size_t) 1 << 20, NULL, false};
     big = ggml_init(bp);
+}
+#ifdef PYGGML_C_LIBRARY
+/* the same calls, timed inside the Python process that runs pyggml (through ctypes) */
+double bench_cycle(int n, int rounds) {
+    if (tp == NULL) setup();
+    return best(cycle, n, rounds);
+}
+#else
+int main(int argc, char ** argv) {
+    int n_small = atoi(argv[1]), n_large = atoi(argv[2]), rounds = atoi(argv[3]);
+    setup();
     printf("{\"cycle@%d\": %f, \"cycle@%d\": %f, ", n_small, best(cycle, n_small, 25 * rounds),
            n_large, best(cycle, n_large, rounds));
     printf("\"from_numpy@%d\": %f, ", n_small, best(from_numpy, n_small, 25 * rounds));
     printf("\"from_numpy@%d\": %f}\n", n_large, best(from_numpy, n_large, rounds));
     return 0;
 }
+#endif
 """
 
 
-def run(python: str, code: str, n_small: int, n_large: int, rounds: int) -> dict[str, float]:
+def run(python: str, code: str, n_small: int, n_large: int, rounds: int, c_library: str | None = None
+        ) -> dict[str, float]:
     # cwd elsewhere: `python -c` puts cwd on sys.path, and the source tree's
     # pyggml/ (which has no compiled modules) would shadow the installed package
-    out = subprocess.run([python, "-c", code + TIMER, str(n_small), str(n_large), str(rounds)],
+    extra = [c_library] if c_library else []
+    out = subprocess.run([python, "-c", code + TIMER, str(n_small), str(n_large), str(rounds), *extra],
                          cwd=tempfile.gettempdir(), check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def build_c(tmp: str) -> str | None:
-    """The C program, against the libggml pyggml uses; None without a compiler or headers."""
+def build_c(tmp: str, shared: bool = False) -> str | None:
+    """The C program (or, ``shared``, the library for ctypes), against the libggml pyggml
+    uses; None without a compiler or headers."""
     from pyggml._machine import build_c_program
-    return build_c_program(C_CODE, tmp, "bench")
+    return build_c_program(C_CODE, tmp, "bench", shared=shared)
 
 
 def merge(into: dict[str, float], new: dict[str, float]) -> None:
@@ -198,8 +227,9 @@ def main() -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_c(tmp)
+        lib = build_c(tmp, shared=True) if exe else None
         for _ in range(args.alternations):
-            merge(mine, run(sys.executable, PYGGML_CODE, args.small, args.n, args.rounds))
+            merge(mine, run(sys.executable, PYGGML_CODE, args.small, args.n, args.rounds, lib))
             if has_peer:
                 merge(peer, run(args.peer_python, PEER_CODE, args.small, args.n, args.rounds))
             if exe:
@@ -229,6 +259,11 @@ def main() -> int:
             vs_peer = f"{peer[k] / mine[k]:.2f}x" if k in peer else "n/a"
             print(f"{label + f' ({n})':30s} {fmt(cres, k):>8s} {fmt(mine, k):>8s} {fmt(peer, k):>12s} "
                   f"{vs_c:>9s} {vs_peer:>12s}")
+    for n in (args.small, args.n):
+        k = f"cycle_c@{n}"
+        if k in mine:
+            print(f"{f'tiny graph cycle ({n}), C in the pyggml process':48s} {mine[k]:8.3f} "
+                  f"pyggml/C there: {mine[f'cycle@{n}'] / mine[k]:.2f}x")
     k = f"shape@{args.small}"
     print(f"Tensor.shape / Tensor.ne: {mine[k] / mine[f'ne@{args.small}']:.2f}x")
     if not has_peer:

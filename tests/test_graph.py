@@ -95,6 +95,9 @@ def test_graph_errors(ctx):
     g.build_forward_expand(t)
     for bad, exc, match in [(0, ValueError, r"n_threads must be in \[1, 512\], got 0"),
                             (1000, ValueError, r"n_threads must be in \[1, 512\]"),
+                            (-(2 ** 70), ValueError, r"n_threads must be in \[1, 512\], got -1180591620717411303424"),
+                            (2 ** 70, ValueError, r"n_threads must be in \[1, 512\], got 1180591620717411303424"),
+                            (True, TypeError, "n_threads must be an int, not bool"),
                             (1.5, TypeError, "n_threads must be an int")]:
         with pytest.raises(exc, match=match):
             g.compute(bad)
