@@ -64,9 +64,13 @@
  *   regardless of the partition: results are bitwise identical for any thread count, with or
  *   without barrier, and from run to run (static partition, no atomics).
  *
- * MEMORY: per thread  (2 D Mp + M Dp) + 3 N Dp + 2 N + 2 Br Bc + 2 Bc Dp floats; plus, only when
- *   head mode is possible, 2 B (H - KVH) M D floats shared; in split mode 2 N + chunks N Dp
- *   floats shared.
+ *   Without saved statistics, group and head modes do 1. and 2. query block by query block
+ *   instead (PANELS, head_pass_panels): the S and dP tiles of the statistics sweep are kept
+ *   and the backward reuses them, 10 N M D flops instead of 14, with the same bits.
+ *
+ * MEMORY: per thread  (2 D Mp + M Dp) + 3 N Dp + 2 N + 2 Br Bc + 2 Bc Dp floats, and in panel
+ *   mode 2 Br Mp + 2 Mp Dp more; plus, only when head mode is possible, 2 B (H - KVH) M D
+ *   floats shared; in split mode 2 N + chunks N Dp floats shared.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn_blocked.h"
@@ -82,6 +86,8 @@ typedef struct {
     i64 D, Dp, N, M, Mp, G;
     /* offsets (floats) into a thread's scratch */
     size_t o_kt, o_vt, o_kp, o_qp, o_dop, o_dqp, o_lse, o_dl, o_s, o_dp, o_dk, o_dv;
+    int panel;           /* a head pass keeps a query block's S and dP rows (see PANELS) */
+    size_t o_ps, o_pdp, o_dka, o_dva;   /* panel mode: the panels, the head's dK/dV sums */
     size_t per_thread;   /* floats, multiple of 16 */
     size_t partial;      /* floats of the shared head-mode partial buffer (0 if head mode impossible) */
     int split;           /* split mode (few heads: see THREADING) */
@@ -127,8 +133,18 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->o_dp = take(&at, PGAB_BR * PGAB_BC);
     g->o_dk = take(&at, PGAB_BC * g->Dp);
     g->o_dv = take(&at, PGAB_BC * g->Dp);
-    g->per_thread = at;
     g->split = a->B * a->H < PGAB_SPLIT_HEADS;
+    /* panels where the statistics are recomputed by a thread that has every key block of a
+     * head (group and head modes); split mode shares a head's key blocks among threads */
+    g->panel = !g->split && !(a->lse && a->o);
+    g->o_ps = g->o_pdp = g->o_dka = g->o_dva = 0;
+    if (g->panel) {
+        g->o_ps = take(&at, PGAB_BR * g->Mp);
+        g->o_pdp = take(&at, PGAB_BR * g->Mp);
+        g->o_dka = take(&at, g->Mp * g->Dp);
+        g->o_dva = take(&at, g->Mp * g->Dp);
+    }
+    g->per_thread = at;
     g->chunks = g->split ? imin(PGAB_KCHUNKS, g->Mp / PGAB_BC) : 0;
     g->shared = g->split ? (size_t)(2 * rup(g->N, 16) + g->chunks * g->N * g->Dp) : 0;
     g->partial = !g->split && head_mode_possible(a, nth) ? (size_t)(2 * a->B * (a->H - a->KVH) * a->M * a->D) : 0;
@@ -218,6 +234,26 @@ static void stats_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab
     }
 }
 
+/* The dK/dV rows of the key block at j0, from the accumulators dka/dva (bc x Dp), written to
+ * dkd/dvd ([M][D]) when add == 0, added to them when add != 0. */
+static void store_key_block(const pgab_geom *g, i64 j0, const float *dka, const float *dva, float *dkd,
+                            float *dvd, int add) {
+    const i64 D = g->D, Dp = g->Dp;
+    const i64 bc = imin(PGAB_BC, g->M - j0);
+    float *dk = dkd + j0 * D, *dv = dvd + j0 * D;
+    for (i64 t = 0; t < bc; t++) {
+        if (add) {
+            for (i64 d = 0; d < D; d++) {
+                dk[t * D + d] += dka[t * Dp + d];
+                dv[t * D + d] += dva[t * Dp + d];
+            }
+        } else {
+            memcpy(dk + t * D, dka + t * Dp, (size_t)D * sizeof(float));
+            memcpy(dv + t * D, dva + t * Dp, (size_t)D * sizeof(float));
+        }
+    }
+}
+
 /* The backward sweep of the key block at j0 (2. above): dQ rows accumulated into dqp
  * (N x Dp), the block's dK/dV rows written to dkd/dvd ([M][D]) when add == 0, added to them
  * when add != 0. */
@@ -248,18 +284,77 @@ static void key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
         kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka, Dp, 1);
         kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
     }
-    float *dk = dkd + j0 * D, *dv = dvd + j0 * D;
-    for (i64 t = 0; t < bc; t++) {
-        if (add) {
-            for (i64 d = 0; d < D; d++) {
-                dk[t * D + d] += dka[t * Dp + d];
-                dv[t * D + d] += dva[t * Dp + d];
-            }
-        } else {
-            memcpy(dk + t * D, dka + t * Dp, (size_t)D * sizeof(float));
-            memcpy(dv + t * D, dva + t * Dp, (size_t)D * sizeof(float));
+    store_key_block(g, j0, dka, dva, dkd, dvd, add);
+}
+
+/* PANELS (group and head modes, statistics not given): a head pass takes the query blocks in
+ * order and, for each, first computes the S and dP tiles of every visible key block into two
+ * panels (Br x Mp, tile after tile, each tile laid out as the S/dP buffers of key_block) while
+ * it updates the row statistics (stats_block's sweep, the same calls), then runs the backward
+ * over the same tiles instead of computing them again: 10 N M D flops instead of 14.  The dK
+ * and dV of every key block are summed over the query blocks in ascending order (as key_block
+ * does, in accumulators of the head, Mp x Dp), and dQ over the key blocks in ascending order
+ * (as before), and each S/dP element comes from the same GEMM call shape (one element: the
+ * same fused multiply-adds over p): the results are the bits of the recomputing sweep. */
+static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                             i64 b, i64 h, float *dkd, float *dvd, int add) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
+    const i64 bh = b * a->H + h;
+    const int masked = a->masked;
+    const ptrdiff_t ld = PGAB_BC;
+    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
+    float *lse = tw + g->o_lse, *dl = tw + g->o_dl, *l = tw + g->o_dk;
+    const float *kt = tw + g->o_kt, *vt = tw + g->o_vt, *kp = tw + g->o_kp;
+    float *ps = tw + g->o_ps, *pdp = tw + g->o_pdp, *dka = tw + g->o_dka, *dva = tw + g->o_dva;
+
+    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
+    memset(dka, 0, (size_t)(g->Mp * Dp) * sizeof(float));
+    memset(dva, 0, (size_t)(g->Mp * Dp) * sizeof(float));
+    for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
+        if (cancelled(a)) return;
+        const i64 br = imin(PGAB_BR, N - i0);
+        /* the statistics, as stats_block computes them, keeping the tiles */
+        for (i64 r = 0; r < br; r++) {
+            lse[i0 + r] = -INFINITY;
+            dl[i0 + r] = 0.0f;
+            l[r] = 0.0f;
+        }
+        const i64 jend = masked ? imin(M, off + i0 + br) : M;
+        for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
+            const i64 bc = imin(PGAB_BC, M - j0);
+            const i64 diag = off + i0 - j0;
+            const i64 ncols = rup(nvis_of(br - 1, diag, bc, masked), 8);
+            float *S = ps + j0 * PGAB_BR, *dP = pdp + j0 * PGAB_BR;
+            kr->gemm(br, ncols, D, qp + i0 * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
+            kr->gemm(br, ncols, D, dop + i0 * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
+            kr->tile_stats(br, ncols, S, dP, ld, diag, bc, masked, a->scale, lse + i0, l, dl + i0);
+        }
+        for (i64 r = 0; r < br; r++) {
+            lse[i0 + r] = lse[i0 + r] + logf(l[r]);
+            dl[i0 + r] = dl[i0 + r] / l[r];
+        }
+        /* the backward over the same tiles: key_block's step for this query block.  The key
+         * blocks a query block meets are those of the statistics (j0 < off + i0 + br), and a
+         * tile's rows from rf on are the rows key_block computes (the same elements). */
+        for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
+            const i64 bc = imin(PGAB_BC, M - j0);
+            const i64 rf = masked ? imax(0, j0 - off - i0) : 0;
+            const i64 ia = i0 + rf, nr = br - rf;
+            const i64 diag = off + ia - j0;
+            const i64 nmax = nvis_of(nr - 1, diag, bc, masked);
+            const i64 ncols = rup(nmax, 8);
+            float *S = ps + j0 * PGAB_BR + rf * ld, *dP = pdp + j0 * PGAB_BR + rf * ld;
+            kr->tile_bwd(nr, ncols, S, dP, ld, lse + ia, dl + ia, diag, bc, masked, a->scale);
+            kr->gemm(nmax, Dp, nr, S, 1, ld, dop + ia * Dp, Dp, dva + j0 * Dp, Dp, 1);
+            kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka + j0 * Dp, Dp, 1);
+            kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
         }
     }
+    for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) store_key_block(g, j0, dka + j0 * Dp, dva + j0 * Dp, dkd, dvd, add);
+    float *dq = a->dq + bh * N * D;
+    for (i64 i = 0; i < N; i++) memcpy(dq + i * D, dqp + i * Dp, (size_t)D * sizeof(float));
 }
 
 /* Backward of query head (b, h) against the kv head prepared in tw, on one thread.  dK/dV of
@@ -271,6 +366,10 @@ static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
     float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
     float *lse = tw + g->o_lse, *dl = tw + g->o_dl;
 
+    if (g->panel) {
+        head_pass_panels(a, g, kr, tw, b, h, dkd, dvd, add);
+        return;
+    }
     pad_rows(qp, a->q + bh * N * D, N, D, Dp);
     pad_rows(dop, a->d + bh * N * D, N, D, Dp);
     memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
