@@ -169,6 +169,14 @@ def set_isa(name):
     return _ISA_NAMES[pyggml_attn_bwd_set_isa(ISAS[name])]
 
 
+def _set_panels(on):
+    """_set_panels(on) -> bool: testing only: whether the kernel's group and head modes keep
+    the statistics sweep's S and dP tiles for the backward (True, the default) or compute
+    them again (False: the same bits, 14 N M D flops instead of 10). Returns the previous
+    setting. Not safe while another thread runs the kernel."""
+    return bool(pyggml_attn_bwd_set_panels(1 if on else 0))
+
+
 def fma_peak(isa="auto", seconds=0.3, repeat=5):
     """fma_peak(isa="auto", seconds=0.3, repeat=5) -> float | None: one core's measured rate
     of fused multiply-adds, GFLOP/s per CPU-second of the calling thread (the median of

@@ -161,6 +161,38 @@ def test_every_code_path_agrees_and_the_vector_paths_bit_for_bit():
         _attn.set_isa("sse2")
 
 
+@pytest.mark.parametrize("isa", ["portable", "auto"])
+def test_keeping_the_statistics_tiles_gives_the_bits_of_computing_them_again(isa):
+    """Without saved statistics, group and head modes keep each query block's S and dP
+    tiles from the statistics sweep for the backward (10 N M D flops instead of 14): the
+    same elements summed in the same order, so the bits of the sweep that computes them
+    again, on every path, layout, mask and thread count (head mode: GQA, 2 or 3 threads
+    over 3 or 2 kv groups), and in the graph node."""
+    rng = np.random.default_rng(11)
+    shapes = [(1, 4, 4, 64, 64, 64), (2, 4, 2, 70, 70, 64), (1, 6, 3, 200, 200, 128), (2, 3, 1, 65, 191, 17),
+              (1, 4, 4, 5, 300, 16), (1, 8, 2, 129, 300, 72), (3, 2, 2, 33, 65, 8)]
+    try:
+        _attn.set_isa(isa)
+        for B, H, KVH, N, M, D in shapes:
+            q, k, v, d = make(rng, B, H, KVH, N, M, D)
+            for masked in (False, True):
+                for mapping in ("tile", "group"):
+                    for n in (1, 2, 3):
+                        run = lambda: pyggml.attention_backward(q, k, v, d, masked=masked, mapping=mapping,  # noqa: E731
+                                                                n_threads=n)
+                        assert _attn._set_panels(True)
+                        kept = run()
+                        assert _attn._set_panels(False)
+                        again = run()
+                        assert not _attn._set_panels(True)
+                        assert all(np.array_equal(a, b) for a, b in zip(kept, again)), (B, H, KVH, N, M, D, masked, n)
+        ref = reference.attention_backward(q, k, v, d, masked=True)
+        assert all(reference.nmse(g, r) <= NMSE_MAX for g, r in zip(kept, ref))
+    finally:
+        _attn._set_panels(True)
+        _attn.set_isa("auto")
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_agrees_with_ggmls_kernel(masked):
     rng = np.random.default_rng(4)

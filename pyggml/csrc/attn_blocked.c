@@ -100,6 +100,14 @@ typedef struct {
 /* split mode: key chunks per head (fewer where there are fewer key blocks) */
 #define PGAB_KCHUNKS 8
 
+static int g_panels = 1;    /* pyggml_attn_bwd_set_panels */
+
+int pyggml_attn_bwd_set_panels(int on) {
+    const int was = g_panels;
+    g_panels = on != 0;
+    return was;
+}
+
 static size_t take(size_t *at, i64 nfloats) {
     const size_t o = *at;
     *at += (size_t)rup(nfloats, 16);
@@ -136,7 +144,7 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->split = a->B * a->H < PGAB_SPLIT_HEADS;
     /* panels where the statistics are recomputed by a thread that has every key block of a
      * head (group and head modes); split mode shares a head's key blocks among threads */
-    g->panel = !g->split && !(a->lse && a->o);
+    g->panel = g_panels && !g->split && !(a->lse && a->o);
     g->o_ps = g->o_pdp = g->o_dka = g->o_dva = 0;
     if (g->panel) {
         g->o_ps = take(&at, PGAB_BR * g->Mp);

@@ -75,6 +75,12 @@ PYGGML_ATTN_API int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_thre
  * Not thread-safe against concurrent runs; call it before starting any. */
 PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force);
 
+/* Testing hook: whether group and head modes keep the statistics sweep's S and dP tiles
+ * (PANELS in attn_blocked.c: 1, the default) or compute them again in the backward sweep (0),
+ * which gives the same bits. Returns the previous setting. Not thread-safe against
+ * concurrent runs; call it before starting any. */
+PYGGML_ATTN_API int pyggml_attn_bwd_set_panels(int on);
+
 /* Benchmark hook: runs ``iters`` rounds of independent fused multiply-adds on path ``isa``
  * (2 = AVX2+FMA, 3 = AVX-512, 0 = the path the kernels use) and returns the flops done, or -1 where this CPU (or build)
  * lacks the path. The caller times it (its thread's CPU time). */
