@@ -114,13 +114,16 @@ def test_bitwise_deterministic_across_runs_and_thread_counts():
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("B, H, KVH", [(1, 1, 1), (1, 2, 1), (1, 3, 3), (3, 1, 1)])
-def test_few_heads_split_over_key_chunks_the_same_bits_on_any_thread_count(B, H, KVH, masked):
-    """Fewer than 4 query heads in all (split mode): every head's key blocks are shared by
-    the threads in fixed chunks, each with its own dQ partial, summed in chunk order: exact
-    against float64, the same bits on 1 to 4 threads, with and without saved statistics, and
-    as a graph node (one thread there, the same chunks)."""
-    rng = np.random.default_rng(B * 100 + H * 10 + KVH)
-    q, k, v, d = make(rng, B, H, KVH, 200, 600, 40)          # 10 key blocks: 8 chunks of 1 or 2
+@pytest.mark.parametrize("N, M", [(200, 600), (600, 600)])
+def test_few_heads_split_in_chunks_the_same_bits_on_any_thread_count(B, H, KVH, masked, N, M):
+    """Fewer than 4 query heads in all (split mode): every head is shared by the threads in
+    fixed chunks, with saved statistics of key blocks (each chunk with its own dQ partial),
+    without them of query blocks (each with its own dK/dV partials: the kept S/dP tiles
+    need a query block's every key block), summed in chunk order: exact against float64,
+    the same bits on 1 to 4 threads, and as a graph node (one thread there, the same
+    chunks). 600 keys or queries: 10 blocks, 8 chunks of 1 or 2."""
+    rng = np.random.default_rng(B * 100 + H * 10 + KVH + N)
+    q, k, v, d = make(rng, B, H, KVH, N, M, 40)
     ref = reference.attention_backward(q, k, v, d, masked=masked)
     first = pyggml.attention_backward(q, k, v, d, masked=masked, n_threads=1)
     assert all(reference.nmse(g, r) <= NMSE_MAX for g, r in zip(first, ref))

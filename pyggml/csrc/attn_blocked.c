@@ -59,18 +59,24 @@
  *       dQ partial of its own; after a barrier dQ = ((partial_0 + partial_1) + ...) in chunk
  *       order, split by rows.  The chunks depend on the shape only, so one thread computes the
  *       same partials and sums them the same way.  dK/dV of a key block are its owner's alone.
+ *       Without saved statistics (PANELS) the chunks are of query blocks instead, and the
+ *       partials those of dK/dV (split_head_panels).
  *       Without a barrier (the graph node) one thread does it all, the same way.
  *   Every float operation on a given output element therefore happens in the same order
  *   regardless of the partition: results are bitwise identical for any thread count, with or
  *   without barrier, and from run to run (static partition, no atomics).
  *
- *   Without saved statistics, group and head modes do 1. and 2. query block by query block
- *   instead (PANELS, head_pass_panels): the S and dP tiles of the statistics sweep are kept
- *   and the backward reuses them, 10 N M D flops instead of 14, with the same bits.
+ *   Without saved statistics, 1. and 2. run query block by query block instead (PANELS,
+ *   panel_query_block): the S and dP tiles of the statistics sweep are kept and the backward
+ *   reuses them, 10 N M D flops instead of 14.  In group and head modes with the same bits as
+ *   the recomputing sweep; split mode then shares a head by fixed chunks of query blocks
+ *   instead of key blocks (split_head_panels: dQ rows complete on one thread, dK/dV summed
+ *   over the chunks' partials in chunk order), other bits, as deterministic.
  *
- * MEMORY: per thread  (2 D Mp + M Dp) + 3 N Dp + 2 N + 2 Br Bc + 2 Bc Dp floats, and in panel
- *   mode 2 Br Mp + 2 Mp Dp more; plus, only when head mode is possible, 2 B (H - KVH) M D
- *   floats shared; in split mode 2 N + chunks N Dp floats shared.
+ * MEMORY: per thread  (2 D Mp + M Dp) + 3 N Dp + 2 N + 2 Br Bc + 2 Bc Dp floats, and with
+ *   panels 2 Br Mp (+ 2 Mp Dp outside split mode) more; plus, only when head mode is
+ *   possible, 2 B (H - KVH) M D floats shared; in split mode 2 N + chunks N Dp floats shared,
+ *   with panels chunks 2 Mp Dp instead.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "attn_blocked.h"
@@ -142,19 +148,26 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->o_dk = take(&at, PGAB_BC * g->Dp);
     g->o_dv = take(&at, PGAB_BC * g->Dp);
     g->split = a->B * a->H < PGAB_SPLIT_HEADS;
-    /* panels where the statistics are recomputed by a thread that has every key block of a
-     * head (group and head modes); split mode shares a head's key blocks among threads */
-    g->panel = g_panels && !g->split && !(a->lse && a->o);
+    /* panels where the statistics are recomputed (see PANELS) */
+    g->panel = g_panels && !(a->lse && a->o);
     g->o_ps = g->o_pdp = g->o_dka = g->o_dva = 0;
     if (g->panel) {
         g->o_ps = take(&at, PGAB_BR * g->Mp);
         g->o_pdp = take(&at, PGAB_BR * g->Mp);
-        g->o_dka = take(&at, g->Mp * g->Dp);
-        g->o_dva = take(&at, g->Mp * g->Dp);
+        if (!g->split) {    /* split mode sums dK/dV in its shared query-chunk partials */
+            g->o_dka = take(&at, g->Mp * g->Dp);
+            g->o_dva = take(&at, g->Mp * g->Dp);
+        }
     }
     g->per_thread = at;
-    g->chunks = g->split ? imin(PGAB_KCHUNKS, g->Mp / PGAB_BC) : 0;
-    g->shared = g->split ? (size_t)(2 * rup(g->N, 16) + g->chunks * g->N * g->Dp) : 0;
+    if (g->split && g->panel) {
+        /* query chunks, each with dK and dV partials of its own */
+        g->chunks = imin(PGAB_KCHUNKS, rup(g->N, PGAB_BR) / PGAB_BR);
+        g->shared = (size_t)(g->chunks * 2 * g->Mp * g->Dp);
+    } else {
+        g->chunks = g->split ? imin(PGAB_KCHUNKS, g->Mp / PGAB_BC) : 0;
+        g->shared = g->split ? (size_t)(2 * rup(g->N, 16) + g->chunks * g->N * g->Dp) : 0;
+    }
     g->partial = !g->split && head_mode_possible(a, nth) ? (size_t)(2 * a->B * (a->H - a->KVH) * a->M * a->D) : 0;
 }
 
@@ -304,16 +317,64 @@ static void key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
  * does, in accumulators of the head, Mp x Dp), and dQ over the key blocks in ascending order
  * (as before), and each S/dP element comes from the same GEMM call shape (one element: the
  * same fused multiply-adds over p): the results are the bits of the recomputing sweep. */
-static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
-                             i64 b, i64 h, float *dkd, float *dvd, int add) {
+/* One query block of PANELS: its row statistics with the S and dP tiles kept, then the
+ * backward over them; dQ rows accumulated into the thread's dqp, dK/dV of key block j0 into
+ * dka/dva + j0 Dp (Mp x Dp accumulators). */
+static void panel_query_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                              i64 i0, float *dka, float *dva) {
     const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
-    const i64 bh = b * a->H + h;
     const int masked = a->masked;
     const ptrdiff_t ld = PGAB_BC;
-    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
+    const float *qp = tw + g->o_qp, *dop = tw + g->o_dop;
+    float *dqp = tw + g->o_dqp;
     float *lse = tw + g->o_lse, *dl = tw + g->o_dl, *l = tw + g->o_dk;
     const float *kt = tw + g->o_kt, *vt = tw + g->o_vt, *kp = tw + g->o_kp;
-    float *ps = tw + g->o_ps, *pdp = tw + g->o_pdp, *dka = tw + g->o_dka, *dva = tw + g->o_dva;
+    float *ps = tw + g->o_ps, *pdp = tw + g->o_pdp;
+    const i64 br = imin(PGAB_BR, N - i0);
+    /* the statistics, as stats_block computes them, keeping the tiles */
+    for (i64 r = 0; r < br; r++) {
+        lse[i0 + r] = -INFINITY;
+        dl[i0 + r] = 0.0f;
+        l[r] = 0.0f;
+    }
+    const i64 jend = masked ? imin(M, off + i0 + br) : M;
+    for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
+        const i64 bc = imin(PGAB_BC, M - j0);
+        const i64 diag = off + i0 - j0;
+        const i64 ncols = rup(nvis_of(br - 1, diag, bc, masked), 8);
+        float *S = ps + j0 * PGAB_BR, *dP = pdp + j0 * PGAB_BR;
+        kr->gemm(br, ncols, D, qp + i0 * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
+        kr->gemm(br, ncols, D, dop + i0 * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
+        kr->tile_stats(br, ncols, S, dP, ld, diag, bc, masked, a->scale, lse + i0, l, dl + i0);
+    }
+    for (i64 r = 0; r < br; r++) {
+        lse[i0 + r] = lse[i0 + r] + logf(l[r]);
+        dl[i0 + r] = dl[i0 + r] / l[r];
+    }
+    /* the backward over the same tiles: key_block's step for this query block.  The key
+     * blocks a query block meets are those of the statistics (j0 < off + i0 + br), and a
+     * tile's rows from rf on are the rows key_block computes (the same elements). */
+    for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
+        const i64 bc = imin(PGAB_BC, M - j0);
+        const i64 rf = masked ? imax(0, j0 - off - i0) : 0;
+        const i64 ia = i0 + rf, nr = br - rf;
+        const i64 diag = off + ia - j0;
+        const i64 nmax = nvis_of(nr - 1, diag, bc, masked);
+        const i64 ncols = rup(nmax, 8);
+        float *S = ps + j0 * PGAB_BR + rf * ld, *dP = pdp + j0 * PGAB_BR + rf * ld;
+        kr->tile_bwd(nr, ncols, S, dP, ld, lse + ia, dl + ia, diag, bc, masked, a->scale);
+        kr->gemm(nmax, Dp, nr, S, 1, ld, dop + ia * Dp, Dp, dva + j0 * Dp, Dp, 1);
+        kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka + j0 * Dp, Dp, 1);
+        kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
+    }
+}
+
+static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                             i64 b, i64 h, float *dkd, float *dvd, int add) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
+    const i64 bh = b * a->H + h;
+    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
+    float *dka = tw + g->o_dka, *dva = tw + g->o_dva;
 
     pad_rows(qp, a->q + bh * N * D, N, D, Dp);
     pad_rows(dop, a->d + bh * N * D, N, D, Dp);
@@ -322,43 +383,7 @@ static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const
     memset(dva, 0, (size_t)(g->Mp * Dp) * sizeof(float));
     for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
         if (cancelled(a)) return;
-        const i64 br = imin(PGAB_BR, N - i0);
-        /* the statistics, as stats_block computes them, keeping the tiles */
-        for (i64 r = 0; r < br; r++) {
-            lse[i0 + r] = -INFINITY;
-            dl[i0 + r] = 0.0f;
-            l[r] = 0.0f;
-        }
-        const i64 jend = masked ? imin(M, off + i0 + br) : M;
-        for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
-            const i64 bc = imin(PGAB_BC, M - j0);
-            const i64 diag = off + i0 - j0;
-            const i64 ncols = rup(nvis_of(br - 1, diag, bc, masked), 8);
-            float *S = ps + j0 * PGAB_BR, *dP = pdp + j0 * PGAB_BR;
-            kr->gemm(br, ncols, D, qp + i0 * Dp, Dp, 1, kt + j0 * D, PGAB_BC, S, ld, 0);
-            kr->gemm(br, ncols, D, dop + i0 * Dp, Dp, 1, vt + j0 * D, PGAB_BC, dP, ld, 0);
-            kr->tile_stats(br, ncols, S, dP, ld, diag, bc, masked, a->scale, lse + i0, l, dl + i0);
-        }
-        for (i64 r = 0; r < br; r++) {
-            lse[i0 + r] = lse[i0 + r] + logf(l[r]);
-            dl[i0 + r] = dl[i0 + r] / l[r];
-        }
-        /* the backward over the same tiles: key_block's step for this query block.  The key
-         * blocks a query block meets are those of the statistics (j0 < off + i0 + br), and a
-         * tile's rows from rf on are the rows key_block computes (the same elements). */
-        for (i64 j0 = 0; j0 < jend; j0 += PGAB_BC) {
-            const i64 bc = imin(PGAB_BC, M - j0);
-            const i64 rf = masked ? imax(0, j0 - off - i0) : 0;
-            const i64 ia = i0 + rf, nr = br - rf;
-            const i64 diag = off + ia - j0;
-            const i64 nmax = nvis_of(nr - 1, diag, bc, masked);
-            const i64 ncols = rup(nmax, 8);
-            float *S = ps + j0 * PGAB_BR + rf * ld, *dP = pdp + j0 * PGAB_BR + rf * ld;
-            kr->tile_bwd(nr, ncols, S, dP, ld, lse + ia, dl + ia, diag, bc, masked, a->scale);
-            kr->gemm(nmax, Dp, nr, S, 1, ld, dop + ia * Dp, Dp, dva + j0 * Dp, Dp, 1);
-            kr->gemm(nmax, Dp, nr, dP, 1, ld, qp + ia * Dp, Dp, dka + j0 * Dp, Dp, 1);
-            kr->gemm(nr, Dp, nmax, dP, ld, 1, kp + j0 * Dp, Dp, dqp + ia * Dp, Dp, 1);
-        }
+        panel_query_block(a, g, kr, tw, i0, dka, dva);
     }
     for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) store_key_block(g, j0, dka + j0 * Dp, dva + j0 * Dp, dkd, dvd, add);
     float *dq = a->dq + bh * N * D;
@@ -473,6 +498,93 @@ static void split_head(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_
     meet(barrier, barrier_ctx);              /* the shared buffers are the next head's */
 }
 
+/* Query chunk c of n covers the query blocks [nqb c / n, nqb (c + 1) / n) */
+static i64 qchunk_start(const pgab_geom *g, i64 c) {
+    const i64 nqb = rup(g->N, PGAB_BR) / PGAB_BR;
+    return nqb * c / g->chunks * PGAB_BR;
+}
+
+/* owns_chunk for query chunks (split mode with panels): work, the keys each query block
+ * meets */
+static int owns_qchunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
+    i64 work[PGAB_KCHUNKS], load[64];
+    int order[PGAB_KCHUNKS];
+    const i64 off = g->M - g->N;
+    if (nth > 64) nth = 64;
+    for (i64 c = 0; c < g->chunks; c++) {
+        work[c] = 0;
+        for (i64 i0 = qchunk_start(g, c); i0 < imin(qchunk_start(g, c + 1), g->N); i0 += PGAB_BR)
+            work[c] += a->masked ? imin(g->M, off + i0 + imin(PGAB_BR, g->N - i0)) : g->M;
+        order[c] = (int)c;
+    }
+    for (i64 x = 1; x < g->chunks; x++)      /* insertion sort: work descending, index ascending */
+        for (i64 y = x; y > 0 && work[order[y]] > work[order[y - 1]]; y--) {
+            const int t = order[y];
+            order[y] = order[y - 1];
+            order[y - 1] = t;
+        }
+    for (int t = 0; t < nth; t++) load[t] = 0;
+    for (i64 x = 0; x < g->chunks; x++) {
+        int best = 0;
+        for (int t = 1; t < nth; t++)
+            if (load[t] < load[best]) best = t;
+        load[best] += work[order[x]] + 1;
+        if (order[x] == chunk) return best == ith;
+    }
+    return 0;
+}
+
+/* Split mode without saved statistics (PANELS): the query blocks of head (b, h) in fixed
+ * chunks, each owned by one thread, which computes its blocks' statistics and backward over
+ * the kept tiles, writes their dQ rows (complete: a query block meets every key block on one
+ * thread) and sums dK/dV into the chunk's own partials; after a barrier dK/dV =
+ * ((partial_0 + partial_1) + ...) in chunk order, written or added, split by rows.  The
+ * chunks depend on the shape only, so one thread computes the same partials and sums them
+ * the same way. */
+static void split_head_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+                              float *shared, i64 b, i64 h, float *dkd, float *dvd, int add, int ith, int nth,
+                              pyggml_barrier_fn barrier, void *barrier_ctx) {
+    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
+    const i64 bh = b * a->H + h;
+    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
+    const size_t part = (size_t)(g->Mp * Dp);
+    float *dq = a->dq + bh * N * D;
+
+    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    for (i64 c = 0; c < g->chunks; c++) {
+        if (!owns_qchunk(a, g, c, ith, nth)) continue;
+        float *pk = shared + (size_t)(2 * c) * part, *pv = pk + part;
+        memset(pk, 0, 2 * part * sizeof(float));
+        for (i64 i0 = qchunk_start(g, c); i0 < imin(qchunk_start(g, c + 1), N); i0 += PGAB_BR) {
+            if (cancelled(a)) break;
+            const i64 br = imin(PGAB_BR, N - i0);
+            memset(dqp + i0 * Dp, 0, (size_t)(br * Dp) * sizeof(float));
+            panel_query_block(a, g, kr, tw, i0, pk, pv);
+            for (i64 i = i0; i < i0 + br; i++) memcpy(dq + i * D, dqp + i * Dp, (size_t)D * sizeof(float));
+        }
+    }
+    meet(barrier, barrier_ctx);
+    float *dk = dkd, *dv = dvd;
+    for (i64 j = M * ith / nth; j < M * (ith + 1) / nth; j++) {
+        for (i64 d = 0; d < D; d++) {
+            float sk = shared[j * Dp + d], sv = shared[part + j * Dp + d];
+            for (i64 c = 1; c < g->chunks; c++) {
+                sk += shared[(size_t)(2 * c) * part + j * Dp + d];
+                sv += shared[(size_t)(2 * c + 1) * part + j * Dp + d];
+            }
+            if (add) {
+                dk[j * D + d] += sk;
+                dv[j * D + d] += sv;
+            } else {
+                dk[j * D + d] = sk;
+                dv[j * D + d] = sv;
+            }
+        }
+    }
+    meet(barrier, barrier_ctx);              /* the shared buffers are the next head's */
+}
+
 /* split mode: every (batch, kv head) pair and every head of its group in order, each by all
  * threads together */
 static void run_split(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
@@ -484,7 +596,10 @@ static void run_split(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
         float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
         for (i64 gi = 0; gi < G; gi++) {
             const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
-            split_head(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
+            if (g->panel)
+                split_head_panels(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
+            else
+                split_head(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
         }
     }
 }
