@@ -6,7 +6,8 @@ import numpy as np
 
 from pyggml._core import Context, Tensor
 
-__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "fma_peak", "set_isa"]
+__all__ = ["ISAS", "WORK_PER_THREAD", "blocked_backward", "blocked_backward_node", "blocked_offsets", "default_threads",
+           "fma_peak", "set_isa"]
 
 def blocked_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, d: np.ndarray, lse: np.ndarray | None,
                      o: np.ndarray | None, scale: float, masked: bool, grouping: int,
@@ -14,6 +15,8 @@ def blocked_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, d: np.ndarray,
 ISAS: dict[str, int]
 
 def set_isa(name: str) -> str: ...
+WORK_PER_THREAD: int
+def default_threads(B: int, H: int, N: int, M: int, D: int, masked: bool) -> int: ...
 def _set_panels(on: bool) -> bool: ...
 def fma_peak(isa: str = ..., seconds: float = ..., repeat: int = ...) -> float | None: ...
 def blocked_offsets(q: Any, k: Any) -> tuple[int, int, int, int]: ...

@@ -28,7 +28,8 @@ from pyggml.errors import ArgumentError, GGMLTypeError, GGMLVersionError
 
 cnp.import_array()
 
-__all__ = ["ISAS", "blocked_backward", "blocked_backward_node", "blocked_offsets", "fma_peak", "set_isa"]
+__all__ = ["ISAS", "WORK_PER_THREAD", "blocked_backward", "blocked_backward_node", "blocked_offsets", "default_threads",
+           "fma_peak", "set_isa"]
 
 
 cdef int _need_array(object x, str name, int ndim) except -1:
@@ -41,10 +42,26 @@ cdef int _need_array(object x, str name, int ndim) except -1:
     return 0
 
 
-cdef int _threads(object n_threads) except -1:
-    """The kernel's own pthreads (not OpenMP: fine in a forked child too)."""
+# A default thread count gives every thread at least this much of B*H*N*M*D (half of it
+# when masked): the kernel starts and joins its pthreads on every call, which costs more
+# than a second thread saves below that (measured on a Zen 3, 1 head, D=64, masked: N=128,
+# 0.5 * 2**20, 0.88x on 2 threads; N=256, 2 * 2**20, 1.27x).
+WORK_PER_THREAD = 1 << 20
+
+
+def default_threads(B, H, N, M, D, masked):
+    """default_threads(B, H, N, M, D, masked) -> int: the threads ``blocked_backward``
+    uses when not told: those this process may use, fewer for small problems (one per
+    ``WORK_PER_THREAD`` of B*H*N*M*D, half of it when masked). The bits do not depend on it."""
+    cdef double work = <double>B * H * N * M * D * (0.5 if masked else 1.0)
+    return <int>max(1, min(DEFAULT_N_THREADS, work // WORK_PER_THREAD))
+
+
+cdef int _threads(object n_threads, object shape=None) except -1:
+    """The kernel's own pthreads (not OpenMP: fine in a forked child too); by default
+    default_threads(*shape)."""
     if n_threads is None:
-        return DEFAULT_N_THREADS
+        return DEFAULT_N_THREADS if shape is None else default_threads(*shape)
     if type(n_threads) is not int or not 1 <= n_threads <= 512:
         raise ArgumentError(f"n_threads must be an int in [1, 512], got {n_threads!r}")
     return n_threads
@@ -97,9 +114,9 @@ def blocked_backward(q, k, v, d, lse, o, scale, masked, grouping, n_threads):
         _need_array(x, name, 4)
     _need_flags(masked, grouping)
     cdef float sc = _need_scale(scale)
-    cdef int nth = _threads(n_threads)
     B, H, N, D = q.shape
     KVH, M = k.shape[1], k.shape[2]
+    cdef int nth = _threads(n_threads, (B, H, N, M, D, masked))
     if k.shape != v.shape or d.shape != q.shape:
         raise ArgumentError(f"v must have k's shape {k.shape} and d q's {q.shape}")
     if k.shape[0] != B or k.shape[3] != D:

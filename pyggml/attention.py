@@ -95,7 +95,9 @@ def attention_backward(q, k, v, d, *, masked=False, n_threads=None, kernel="bloc
     k, v : float32 arrays ``(B, KVH, M, D)`` (same number of dims as q), ``M >= N``
         when masked, ``H % KVH == 0``.
     masked : hide key j from query i when ``j > (M - N) + i`` (bottom-right causal).
-    n_threads : CPU threads (default: all this process may use).
+    n_threads : CPU threads (default: all this process may use, fewer for a small
+        problem with the blocked kernel, ``pyggml._attn.default_threads``: starting a
+        thread costs more than it saves there; its results' bits do not depend on it).
     kernel : ``"blocked"`` (the default: pyggml's FlashAttention-2-style kernel,
         csrc/attn_blocked.c; memory linear in N, bitwise the same for any thread
         count) or ``"ggml"`` (ggml's FLASH_ATTN_BACK CPU kernel, the seed's op).

@@ -302,3 +302,22 @@ def test_the_graph_node_refuses_what_its_kernel_cannot_read():
         q, k, v, d = (ctx.new_tensor(Type.F32, (8, 4, 2, 1)) for _ in range(4))
         with pytest.raises(MemoryError):
             pyggml.attention_backward_node(small, q, k, v, d)
+
+
+def test_a_small_problem_defaults_to_fewer_threads():
+    """Not told, the kernel gives each thread at least WORK_PER_THREAD of B*H*N*M*D (half
+    of it masked): a thread's start costs more than it saves below that. Told, it uses the
+    count given. The bits are the same either way."""
+    from pyggml._cpu import DEFAULT_N_THREADS
+    W = _attn.WORK_PER_THREAD
+    assert W == 1 << 20
+    assert _attn.default_threads(1, 1, 128, 128, 64, False) == 1            # 2**20: one thread's worth
+    assert _attn.default_threads(1, 1, 128, 128, 64, True) == 1
+    assert _attn.default_threads(1, 1, 256, 256, 64, True) == min(2, DEFAULT_N_THREADS)
+    assert _attn.default_threads(1, 1, 256, 256, 64, False) == min(4, DEFAULT_N_THREADS)
+    assert _attn.default_threads(1, 1, 1, 1, 1, False) == 1
+    assert _attn.default_threads(8, 32, 4096, 4096, 128, True) == DEFAULT_N_THREADS
+    rng = np.random.default_rng(12)
+    q, k, v, d = make(rng, 1, 1, 1, 100, 100, 16)
+    alone = pyggml.attention_backward(q, k, v, d, n_threads=1)
+    assert all(np.array_equal(a, b) for a, b in zip(alone, pyggml.attention_backward(q, k, v, d)))
