@@ -426,28 +426,22 @@ static i64 chunk_start(const pgab_geom *g, i64 c) {
     return nkb * c / g->chunks * PGAB_BC;
 }
 
-/* The chunks thread ith computes: longest-work-first onto the least-loaded thread (work: the
- * query rows each key block meets), the same list on every thread; the owner of a chunk
- * changes nothing in the numbers (its dQ partial is summed in chunk order). */
-static int owns_chunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
-    i64 work[PGAB_KCHUNKS], load[64];
+/* Whether thread ith of nth owns chunk ``chunk`` of n: longest work first onto the
+ * least-loaded thread, the same list on every thread; the owner of a chunk changes nothing
+ * in the numbers (its partials are summed in chunk order). */
+static int lpt_owns(const i64 *work, i64 n, i64 chunk, int ith, int nth) {
+    i64 load[64];
     int order[PGAB_KCHUNKS];
-    const i64 off = g->M - g->N;
     if (nth > 64) nth = 64;
-    for (i64 c = 0; c < g->chunks; c++) {
-        work[c] = 0;
-        for (i64 j0 = chunk_start(g, c); j0 < chunk_start(g, c + 1); j0 += PGAB_BC)
-            work[c] += a->masked ? g->N - imin(g->N, imax(0, j0 - off)) : g->N;
-        order[c] = (int)c;
-    }
-    for (i64 x = 1; x < g->chunks; x++)      /* insertion sort: work descending, index ascending */
+    for (i64 c = 0; c < n; c++) order[c] = (int)c;
+    for (i64 x = 1; x < n; x++)              /* insertion sort: work descending, index ascending */
         for (i64 y = x; y > 0 && work[order[y]] > work[order[y - 1]]; y--) {
             const int t = order[y];
             order[y] = order[y - 1];
             order[y - 1] = t;
         }
     for (int t = 0; t < nth; t++) load[t] = 0;
-    for (i64 x = 0; x < g->chunks; x++) {
+    for (i64 x = 0; x < n; x++) {
         int best = 0;
         for (int t = 1; t < nth; t++)
             if (load[t] < load[best]) best = t;
@@ -455,6 +449,18 @@ static int owns_chunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, i
         if (order[x] == chunk) return best == ith;
     }
     return 0;
+}
+
+/* The key chunks thread ith computes (work: the query rows each key block meets) */
+static int owns_chunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
+    i64 work[PGAB_KCHUNKS];
+    const i64 off = g->M - g->N;
+    for (i64 c = 0; c < g->chunks; c++) {
+        work[c] = 0;
+        for (i64 j0 = chunk_start(g, c); j0 < chunk_start(g, c + 1); j0 += PGAB_BC)
+            work[c] += a->masked ? g->N - imin(g->N, imax(0, j0 - off)) : g->N;
+    }
+    return lpt_owns(work, g->chunks, chunk, ith, nth);
 }
 
 static void meet(pyggml_barrier_fn barrier, void *ctx) {
@@ -507,31 +513,14 @@ static i64 qchunk_start(const pgab_geom *g, i64 c) {
 /* owns_chunk for query chunks (split mode with panels): work, the keys each query block
  * meets */
 static int owns_qchunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
-    i64 work[PGAB_KCHUNKS], load[64];
-    int order[PGAB_KCHUNKS];
+    i64 work[PGAB_KCHUNKS];
     const i64 off = g->M - g->N;
-    if (nth > 64) nth = 64;
     for (i64 c = 0; c < g->chunks; c++) {
         work[c] = 0;
         for (i64 i0 = qchunk_start(g, c); i0 < imin(qchunk_start(g, c + 1), g->N); i0 += PGAB_BR)
             work[c] += a->masked ? imin(g->M, off + i0 + imin(PGAB_BR, g->N - i0)) : g->M;
-        order[c] = (int)c;
     }
-    for (i64 x = 1; x < g->chunks; x++)      /* insertion sort: work descending, index ascending */
-        for (i64 y = x; y > 0 && work[order[y]] > work[order[y - 1]]; y--) {
-            const int t = order[y];
-            order[y] = order[y - 1];
-            order[y - 1] = t;
-        }
-    for (int t = 0; t < nth; t++) load[t] = 0;
-    for (i64 x = 0; x < g->chunks; x++) {
-        int best = 0;
-        for (int t = 1; t < nth; t++)
-            if (load[t] < load[best]) best = t;
-        load[best] += work[order[x]] + 1;
-        if (order[x] == chunk) return best == ith;
-    }
-    return 0;
+    return lpt_owns(work, g->chunks, chunk, ith, nth);
 }
 
 /* Split mode without saved statistics (PANELS): the query blocks of head (b, h) in fixed
