@@ -226,7 +226,9 @@ def disagreements(rows: list[dict]) -> str:
         n = sum(o["outputs"] for o in per.values())
         same = sum(o["bitwise"] for o in per.values())
         beyond = sum(o["beyond"] for o in per.values())
-        lines.append(f"  {r['spec']}: {n} outputs compared, {same} bitwise equal, {n - same} differ, {beyond} beyond")
+        undecided = sum(o.get("undecided", 0) for o in per.values())     # (a diff before format 3: none)
+        lines.append(f"  {r['spec']}: {n} outputs compared, {same} bitwise equal, {n - same} differ, {beyond} beyond"
+                     + (f", {undecided} undecided (saved as digests: rerun with --save-whole)" if undecided else ""))
     for op in ops:
         cells = []
         for r in with_diff:

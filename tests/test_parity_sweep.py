@@ -13,7 +13,8 @@ import pytest
 import pyggml
 from pyggml import parity
 from pyggml.parity import report, runner, store
-from sources import built_from_the_pin
+from pyggml.parity.model import compare_outputs
+from sources import built_from_the_pin, load_script
 
 PY = sys.executable
 
@@ -108,9 +109,10 @@ def test_command_writes_json_junit_and_saves(tmp_path):
     assert meta["identity"]["cpu_features"] == sorted(k for k, v in pyggml._cpu.cpu_features().items() if v)
     key = next(iter(kept))
     # what parity diff reads: the compared paths' arrays, each one's NMSE against the
-    # reference and the reference's sketch (not the reference itself: format 2)
+    # reference (worst and per array) and the reference's sketch (not the reference itself)
     assert "ggml" in kept[key] and "reference" not in kept[key] and "cpu-backend" not in kept[key]
-    assert meta["format"] == 2 and set(meta["nmse_ref"][key]) == set(kept[key]) and meta["sketches"][key]
+    assert meta["format"] == 3 and set(meta["nmse_ref"][key]) == set(kept[key]) and meta["sketches"][key]
+    assert set(meta["nmse_arrays"][key]) == set(kept[key])
     if pyggml.build_info()["features"]["use_ref"]:     # (else the ggml-ref rows are skipped)
         assert "(2 more subjects: all ok)" in proc.stdout
 
@@ -197,20 +199,33 @@ def test_diff_matches_cases_by_label_and_skips_those_drawn_from_other_inputs(tmp
 
 
 def test_a_compact_save_gives_the_same_diff_as_the_whole_arrays_in_far_fewer_bytes(tmp_path):
-    """--save (format 2) keeps what parity diff reads: the same verdicts, NMSEs, bitwise
-    flags, "closer" columns and inputs check as from files with every path and the whole
-    float64 references (format 1, which load() still reads), in far fewer bytes."""
+    """--save keeps what parity diff reads: the same verdicts (bitwise, beyond tolerance,
+    closer to the reference) and inputs check as from files with every path and the whole
+    float64 references (format 1, which load() still reads), in far fewer bytes. Format 3
+    keeps a large output close to its reference as digests: here every output of more
+    than 4 values (the default, 4096, leaves the quick sweep's outputs whole); its NMSE
+    and max abs against the other file are then bounds of the true ones."""
     kept, meta = swept(["soft_max", "rms_norm", "mul_mat", "attention", "grad:exp"], [], True)
     other = {k: {p: [np.asarray(x).copy() for x in v] for p, v in paths.items()} for k, paths in kept.items()}
-    keys = sorted(k for k in other if "ggml" in other[k])
-    other[keys[0]]["ggml"] = [x * 1.01 for x in other[keys[0]]["ggml"]]                 # beyond tolerance
+
+    def digestible(k):                  # what format 3 keeps as digests, with whole_max=4
+        ggml, ref = kept[k].get("ggml"), kept[k].get("reference")
+        return ggml is not None and ref is not None and len(ggml) == len(ref) and store._summarizable(
+            ggml, [compare_outputs([x], [r])[0] for x, r in zip(ggml, ref)], meta["tolerances"][k], 4)
+    keys = sorted(k for k in other if k.startswith("op:") and digestible(k))
+    other[keys[0]]["ggml"] = [x * 1.1 for x in other[keys[0]]["ggml"]]                 # beyond tolerance
     other[keys[1]]["ggml"] = [np.nextafter(x, np.inf) if x.dtype.kind == "f" else x
                               for x in other[keys[1]]["ggml"]]                           # one ulp: bits differ
     other[keys[2]] = {p: [x + 1.0 for x in v] for p, v in other[keys[2]].items()}       # other inputs
     att = next(k for k in other if k.startswith("attention") and "autodiff" in other[k])
     other[att]["autodiff"] = [x * (1 + 1e-6) for x in other[att]["autodiff"]]          # autodiff XOR-coded
+    nan = keys[3]                                                                        # a NaN, kept whole
+    other[nan]["ggml"] = [x.copy() for x in other[nan]["ggml"]]
+    other[nan]["ggml"][0].reshape(-1)[0] = np.nan
+    writers = {"1": save_format_1, "2": lambda p, k, m: store.save(p, k, m, whole_max=None),   # all kept
+               "3": lambda p, k, m: store.save(p, k, m, whole_max=4)}
     files = {}
-    for fmt, write in (("1", save_format_1), ("2", store.save)):
+    for fmt, write in writers.items():
         for side, data in (("a", kept), ("b", other)):
             files[fmt + side] = tmp_path / f"{side}{fmt}.npz"
             write(str(files[fmt + side]), data, meta)
@@ -222,15 +237,84 @@ def test_a_compact_save_gives_the_same_diff_as_the_whole_arrays_in_far_fewer_byt
     assert len(whole[0]["not_comparable"]) == 1
     assert {d.bitwise for d in compact[2]} == {True, False} and any(d.beyond for d in compact[2])
     assert any(d.path == "autodiff" and not d.bitwise for d in compact[2])
-    # every array comes back exactly (its bits), the compared paths only
-    _, back = store.load(str(files["2b"]))
-    for key, paths in back.items():
-        assert set(paths) == set(other[key]) & set(store.SAVED_PATHS)
-        for p, arrs in paths.items():
-            assert all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == np.asarray(y).tobytes()
-                       for x, y in zip(arrs, other[key][p]))
+
+    def verdicts(diffs):
+        return {(d.case, d.path): (d.bitwise, d.beyond, d.closer, d.undecided) for d in diffs}
+    truth = {(d.case, d.path): d for d in whole[2]}
+    n_bounded = 0
+    for a, b in (("3a", "3b"), ("1a", "3b"), ("3a", "2b")):
+        got = store.diff(str(files[a]), str(files[b]))
+        assert verdicts(got[2]) == verdicts(whole[2]), (a, b)
+        assert got[0]["not_comparable"] == whole[0]["not_comparable"]
+        for d in got[2]:
+            t = truth[(d.case, d.path)]
+            if d.exact:
+                assert d == t
+            else:                                      # bounds of the true values
+                n_bounded += 1
+                assert d.nmse_low <= t.nmse <= d.nmse and t.max_abs <= d.max_abs, (d, t)
+    assert n_bounded >= 6               # the nudged outputs below, in each pair with a digest file
+    # the nudged outputs are among those bounded: a beyond, a one-ulp difference, autodiff
+    got = {(d.case, d.path): d for d in store.diff(str(files["3a"]), str(files["3b"]))[2]}
+    by_key = {v: k for k, v in store._by_name(meta["labels"], kept).items()}
+    assert not got[(by_key[keys[0]], "ggml")].exact and got[(by_key[keys[0]], "ggml")].beyond
+    assert not got[(by_key[keys[1]], "ggml")].exact and not got[(by_key[keys[1]], "ggml")].bitwise
+    assert not got[(by_key[att], "autodiff")].exact and not got[(by_key[att], "autodiff")].bitwise
+    assert got[(by_key[nan], "ggml")].beyond and truth[(by_key[nan], "ggml")].beyond
+    # every array kept comes back exactly (its bits), the compared paths only
+    for fmt in "23":
+        doc, back = store.load(str(files[fmt + "b"]))
+        digested = {tuple(n.split("||")) for n in doc["summaries"]}
+        assert (fmt == "3") == bool(digested)
+        for key, paths in back.items():
+            assert set(paths) | {p for k, p in digested if k == key} == set(other[key]) & set(store.SAVED_PATHS)
+            for p, arrs in paths.items():
+                assert all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == np.asarray(y).tobytes()
+                           for x, y in zip(arrs, other[key][p]))
     size = {k: f.stat().st_size for k, f in files.items()}
-    assert size["2a"] * 3 < size["1a"], size       # 3.8-5x here by build; the full sweep's: README
+    assert size["2a"] * 3 < size["1a"] and size["3a"] * 2 < size["2a"], size    # the full sweep's: attention guide
+    # scripts/check_saved_digests.py, which checked this on two real builds, says the same
+    check = load_script("check_saved_digests")
+    assert check.main([str(files[k]) for k in ("2a", "3a", "2b", "3b")]) == 0
+    assert check.main([str(files[k]) for k in ("2a", "3a", "2b", "3a")]) == 1       # B's digests from A: caught
+
+
+def test_a_verdict_the_digests_cannot_give_is_undecided_not_guessed(tmp_path):
+    """An output kept as digests in A, against one kept whole in B whose own error from
+    the reference is the tolerance itself: the bounds straddle it, and diff says the
+    output is undecided (exit status 1) and how to decide it, rather than pick a side."""
+    kept, meta = swept(["soft_max"], ["F32"], True)
+    key = next(k for k in sorted(kept) if "ggml" in kept[k] and sum(np.size(x) for x in kept[k]["ggml"]) > 4)
+    tol = meta["tolerances"][key]
+    other = {k: dict(v) for k, v in kept.items()}
+    other[key]["ggml"] = [(r * (1 + np.sqrt(tol))).astype(x.dtype) for x, r in zip(kept[key]["ggml"],
+                                                                                    kept[key]["reference"])]
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    assert store.save(str(a), kept, meta, whole_max=4)[1] > 0
+    assert store.save(str(b), other, meta, whole_max=4)[1] < store.save(str(a), kept, meta, whole_max=4)[1]
+    name = next(n for n, k in store._by_name(meta["labels"], kept).items() if k == key)
+    d = next(d for d in store.diff(str(a), str(b))[2] if d.case == name and d.path == "ggml")
+    assert d.undecided and not d.beyond and not d.exact and d.nmse_low <= tol < d.nmse
+    proc = cli("parity", "diff", str(a), str(b))
+    assert proc.returncode == 1 and "1 undecided" in proc.stdout and "--save-whole" in proc.stdout, proc.stdout
+    # with every array kept, the same pair is decided
+    store.save(str(a), kept, meta, whole_max=None)
+    exact = next(d for d in store.diff(str(a), str(b))[2] if d.case == name and d.path == "ggml")
+    assert exact.exact and not exact.undecided and d.nmse_low <= exact.nmse <= d.nmse
+
+
+def test_digests_are_equal_exactly_when_the_values_are():
+    x = np.linspace(-1, 1, 101, dtype=np.float32)
+    assert store._digest(x) == store._digest(x.copy())
+    assert store._digest(np.float32(-0.0) * np.ones(3, np.float32)) == store._digest(np.zeros(3, np.float32))
+    assert store._digest(np.nextafter(x, np.float32(2))) != store._digest(x)
+    assert store._digest(x.reshape(1, 101)) != store._digest(x)
+    assert store._digest(x.astype(np.float16)) != store._digest(x)
+
+
+def test_save_whole_needs_save():
+    proc = cli("parity", "--op", "soft_max", "--save-whole")
+    assert proc.returncode == 2 and "--save-whole" in proc.stderr, proc.stderr
 
 
 PLANTED = textwrap.dedent("""

@@ -457,6 +457,11 @@ def test_timeline_first_seen_and_last_absent():
     assert "defect:fab-batch-gqa: first seen 0.13.1, last absent 0.9.4" in text
     dis = report.disagreements(rows)
     assert "op:rope: v0.9.4 2/4 (A 2, B 0); v0.13.1 1/4" in dis
+    assert "undecided" not in dis
+    # an output diff could not decide from digests (format 3) is counted, with what decides it
+    rows[3]["diff"]["per_op"]["attention"] = {**op(0), "bitwise": 3, "differ": 1, "undecided": 1}
+    assert "v0.17.0: 8 outputs compared, 7 bitwise equal, 1 differ, 0 beyond, 1 undecided (saved as digests: " \
+           "rerun with --save-whole)" in report.disagreements(rows)
 
 
 def test_a_kernel_verdict_of_ok_is_an_absent_defect():

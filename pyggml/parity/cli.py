@@ -71,7 +71,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", metavar="F", help="write every row, the summary and the build as JSON")
     ap.add_argument("--junit", metavar="F", help="write a JUnit XML report")
     ap.add_argument("--html", metavar="F", help="write a self-contained HTML report")
-    ap.add_argument("--save", metavar="F.npz", help="save every output, for pyggml parity diff")
+    ap.add_argument("--save", metavar="F.npz",
+                    help="save what pyggml parity diff compares: every output, a large one close to the reference "
+                         "as a digest of its values and its error against the reference")
+    ap.add_argument("--save-whole", action="store_true",
+                    help="with --save: keep every output's values, none as digests (the full sweep's file: 53 MB, not 8)")
     ap.add_argument("--list", action="store_true", help="list the subjects and their paths, then exit")
     ap.add_argument("--shrink", metavar="DIR", help="shrink each failing op case (ggml~reference) after the sweep "
                                                     "and write its Python and C reproducers into DIR")
@@ -226,6 +230,8 @@ def _sweep_run(args: argparse.Namespace, ap: argparse.ArgumentParser, rpc: list[
         ap.error("--threads must be >= 1")
     if args.timeout <= 0:
         ap.error("--timeout must be > 0")
+    if args.save_whole and not args.save:
+        ap.error("--save-whole: it says how --save writes; give --save F.npz too")
     shard = None
     if args.shard is not None:
         try:
@@ -325,9 +331,11 @@ def _sweep_run(args: argparse.Namespace, ap: argparse.ArgumentParser, rpc: list[
                               if c.key in kept}
         # what names each case across builds (parity diff matches cases by these, not by index)
         meta["labels"] = {c.key: c.label for c in cases if c.key in kept}
-        n = write("--save", args.save, lambda: store.save(args.save, kept, meta))
+        n = write("--save", args.save,
+                  lambda: store.save(args.save, kept, meta, whole_max=None if args.save_whole else store.WHOLE_MAX))
         if n is not None:
-            print(f"saved {n} outputs of {len(kept)} cases to {args.save}")
+            print(f"saved {n[0]} outputs of {len(kept)} cases to {args.save}"
+                  + (f" ({n[1]} large ones as digests and errors against the reference)" if n[1] else ""))
     if args.html:
         from pyggml.parity import html
         write("--html", args.html, lambda: html.write_html(rows, args.html, meta))
@@ -367,7 +375,7 @@ def _model(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     from pyggml.errors import GGMLError
     from pyggml.parity import models, store
 
-    if args.op or args.types or args.paths or args.quick or args.save or args.list or args.shrink:
+    if args.op or args.types or args.paths or args.quick or args.save or args.save_whole or args.list or args.shrink:
         ap.error("--model checks one model's nodes: --op, --types, --paths, --quick, --save and --list do not apply")
     if args.threads < 1:
         ap.error("--threads must be >= 1")
