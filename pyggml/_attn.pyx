@@ -194,6 +194,14 @@ def _set_panels(on):
     return bool(pyggml_attn_bwd_set_panels(1 if on else 0))
 
 
+def _set_start_elsewhere(on):
+    """_set_start_elsewhere(on) -> bool: benchmarks only: whether the numpy call starts its
+    helper threads on the CPUs other than the caller's current one (True, the default, on
+    Linux) or where the scheduler puts them (False). The bits do not depend on it. Returns
+    the previous setting. Not safe while another thread runs the kernel."""
+    return bool(pyggml_attn_bwd_set_start_elsewhere(1 if on else 0))
+
+
 def fma_peak(isa="auto", seconds=0.3, repeat=5):
     """fma_peak(isa="auto", seconds=0.3, repeat=5) -> float | None: one core's measured rate
     of fused multiply-adds, GFLOP/s per CPU-second of the calling thread (the median of

@@ -155,6 +155,7 @@ cdef extern from "attn_blocked.h" nogil:
     int pyggml_attn_bwd_compute(const pyggml_attn_bwd * a, int n_threads)
     int pyggml_attn_bwd_set_isa(int force)
     int pyggml_attn_bwd_set_panels(int on)
+    int pyggml_attn_bwd_set_start_elsewhere(int on)
     double pyggml_attn_fma_flops(int isa, long iters)
 
 cdef extern from "pyggml_rt.h" nogil:

@@ -3,9 +3,13 @@
 pyggml's blocked kernel (without and with the forward's saved log-sum-exp), torch's
 scaled_dot_product_attention backward, and the float64 NumPy reference.
 
-Each time is the median over ``--repeat`` runs of the CPU time the process spent
-(``time.process_time``: every thread's), so rates are per CPU-second: with 2 threads a
-kernel that scales perfectly shows the same GFLOP/s as with 1. GFLOP/s counts the nominal
+The compared systems alternate: in each of ``--repeat`` rounds every kernel runs once at
+every thread count, in turn (the order rotated from round to round), so a change in the
+machine's speed during the run hits all of them alike. Each time is the median over the
+rounds of the CPU time the process spent (``time.process_time``: every thread's), so rates
+are per CPU-second: with 2 threads a kernel that scales perfectly shows the same GFLOP/s as
+with 1; each ratio between two kernels, or between two thread counts, is the median of its
+per-round ratios. GFLOP/s counts the nominal
 10*N*M*D*H flops of a backward (half when masked), whatever a kernel really does (the
 blocked kernel without lse recomputes the softmax statistics, about 14*N*M*D*H).
 
@@ -19,7 +23,7 @@ library and the kernel it chose (threadpoolctl, where installed), the ratios to 
 extra memory each kernel allocates while it runs (one thread; Linux's peak-RSS counter),
 and the exponent of cost growth in N. With 1 and more threads in ``--threads``, the wall-time
 gain of each thread count over 1 (``--heads 1``: one head, the case the blocked kernel splits
-over key chunks).
+over key or query chunks).
 
 Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]``
 """
@@ -52,11 +56,56 @@ def timed_median(fn, repeat):
     fn()
     cpu, wall = [], []
     for _ in range(repeat):
-        t0, w0 = time.process_time(), time.perf_counter()
-        fn()
-        cpu.append(time.process_time() - t0)
-        wall.append(time.perf_counter() - w0)
+        c, w = timed(fn)
+        cpu.append(c)
+        wall.append(w)
     return statistics.median(cpu), statistics.median(wall)
+
+
+def timed(fn):
+    """(CPU seconds, wall seconds) of one fn()."""
+    t0, w0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - t0, time.perf_counter() - w0
+
+
+SETTLE_S = 0.03
+
+
+def alternated(fns, repeat, settle=SETTLE_S):
+    """{(system, threads): ([CPU seconds per round], [wall seconds per round])} of the
+    functions in ``fns`` ({(system, threads): fn}). Each round runs every system in turn,
+    the order rotated by one every round, so that a change in the machine's speed during
+    the run hits all of them alike. Between two systems, a pause of ``settle`` seconds and
+    as long of untimed runs of the next at its last thread count: the OpenMP threads of the
+    system before (torch's, ggml's) spin some milliseconds after it returns (timed straight
+    after torch on a 2-core machine, 2 threads of the blocked kernel at N = 256 ran at
+    0.16x the speed of 1), and after the pause the untimed runs wake the next system's
+    threads and the CPU (one untimed run of 1 ms left the next run 1.7x slower). Then one
+    timed run at each thread count."""
+    systems = list(dict.fromkeys(k for k, _ in fns))
+    for f in fns.values():
+        f()
+    out = {n: ([], []) for n in fns}
+    for r in range(repeat):
+        for k in systems[r % len(systems):] + systems[:r % len(systems)]:
+            mine = [n for n in fns if n[0] == k]
+            time.sleep(settle)
+            until = time.perf_counter() + settle
+            while True:
+                fns[mine[-1]]()
+                if time.perf_counter() >= until:
+                    break
+            for n in (mine if r % 2 == 0 else mine[::-1]):
+                c, w = timed(fns[n])
+                out[n][0].append(c)
+                out[n][1].append(w)
+    return out
+
+
+def paired(a, b):
+    """The median of the per-round ratios a[i] / b[i]."""
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def cpu_median(fn, repeat):
@@ -222,7 +271,7 @@ def main() -> int:
     print("$ " + " ".join(["python"] + sys.argv))
     print(f"CPU: {cpu_model()}, {usable_cores()} usable core(s), load average {os.getloadavg()[0]:.2f}")
     print(f"pyggml {pyggml.__version__}, ggml {pyggml.ggml_version()} (native={info['native']}), "
-          f"torch {torch_version() or 'absent'}; median of {args.repeat} per CPU-second")
+          f"torch {torch_version() or 'absent'}; medians of {args.repeat} alternating rounds, per CPU-second")
     print(f"blocked kernel's path: {isa}; FMA peak measured on it: "
           f"{f'{peak:.1f} GFLOP/s per core' if peak else 'none (no FMA path)'}")
     print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s ({blas_info()})")
@@ -243,21 +292,30 @@ def main() -> int:
                 mem = {}
                 if not args.no_memory:
                     mem = {k: extra_memory(run.fn(k, 1)) for k in ("ggml", "blocked")}
+                # every kernel at every thread count, alternating round by round (the
+                # float64 reference, slow, once on its own)
+                samples = alternated({(k, t): run.fn(k, t) for t in threads_list for k in kernels
+                                      if k != "float64"}, args.repeat)
+                ref = (timed(run.fn("float64", 1)) if "float64" in kernels and N <= args.reference_max_n
+                       else None)
                 for threads in threads_list:
-                    cpu, wall = {}, {}
-                    for k in kernels:
-                        if k == "float64" and N > args.reference_max_n:
-                            continue
-                        cpu[k], wall[k] = timed_median(run.fn(k, threads), args.repeat if k != "float64" else 1)
+                    sc = {k: samples[(k, threads)][0] for k in kernels if (k, threads) in samples}
+                    cpu = {k: statistics.median(v) for k, v in sc.items()}
+                    wall = {k: statistics.median(samples[(k, threads)][1]) for k in sc}
+                    if ref is not None:
+                        cpu["float64"], wall["float64"] = ref
                     rate = {k: flops / t / 1e9 for k, t in cpu.items()}
                     row = {"D": D, "N": N, "M": N, "H": H, "masked": masked, "threads": threads, "cpu_s": cpu,
-                           "wall_s": wall,
+                           "wall_s": wall, "cpu_rounds": sc,
                            "gflops": rate, "extra_bytes": mem,
-                           "blocked_over_ggml": cpu["ggml"] / cpu["blocked"],
-                           "blocked_over_torch": cpu["torch"] / cpu["blocked"] if "torch" in cpu else None,
-                           "lse_over_torch": cpu["torch"] / cpu["blocked+lse"] if "torch" in cpu else None,
+                           "blocked_over_ggml": paired(sc["ggml"], sc["blocked"]),
+                           "blocked_over_torch": paired(sc["torch"], sc["blocked"]) if "torch" in sc else None,
+                           "lse_over_torch": paired(sc["torch"], sc["blocked+lse"]) if "torch" in sc else None,
                            "lse_over_sgemm": rate["blocked+lse"] / sgemm,
                            "lse_over_peak": rate["blocked+lse"] / peak if peak else None}
+                    if threads != 1 and 1 in threads_list:
+                        row["gain_over_1_thread"] = {k: paired(samples[(k, 1)][1], samples[(k, threads)][1])
+                                                     for k in ("blocked", "blocked+lse", "ggml")}
                     rows.append(row)
                     cells = " ".join(f"{rate[k]:11.1f}" if k in rate else f"{'-':>11}" for k in kernels)
                     x = lambda v, w: f"{v:{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"  # noqa: E731
@@ -278,14 +336,13 @@ def main() -> int:
                       ", ".join(f"{k} {p:.2f}" for k, p in ps.items() if p is not None))
     more = [t for t in threads_list if t > 1]
     if 1 in threads_list and more:
-        print(f"\nwall-time gain of {', '.join(map(str, more))} threads over 1 (T1 / Tn, medians; "
-              "blocked, blocked+lse, ggml):")
+        print(f"\nwall-time gain of {', '.join(map(str, more))} threads over 1 (T1 / Tn, the median of the "
+              "per-round ratios, 1 and n threads alternating; blocked, blocked+lse, ggml):")
         for r1 in (r for r in rows if r["threads"] == 1):
             gains = []
             for t in more:
                 rn = next(r for r in rows if r["threads"] == t and all(r[k] == r1[k] for k in ("D", "N", "H", "masked")))
-                g = {k: r1["wall_s"][k] / rn["wall_s"][k] for k in ("blocked", "blocked+lse", "ggml")}
-                rn["gain_over_1_thread"] = g
+                g = rn["gain_over_1_thread"]
                 gains.append(f"{t} threads " + " ".join(f"{v:.2f}x" for v in g.values()))
             print(f"  D={r1['D']} N={r1['N']} H={r1['H']} masked={r1['masked']!s:5}: " + "; ".join(gains))
     big = [r for r in rows if r["N"] >= 1024]

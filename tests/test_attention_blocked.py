@@ -3,6 +3,8 @@ reference over the issue's sweep, with and without the forward's saved statistic
 both code paths (AVX2+FMA and portable C), bitwise deterministic across runs and thread
 counts, next to ggml's FLASH_ATTN_BACK kernel, and as a graph node."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,31 @@ def test_few_heads_split_in_chunks_the_same_bits_on_any_thread_count(B, H, KVH, 
             g.build_forward_expand(t)
         g.compute(2)
         assert all(np.array_equal(t.numpy(), w) for t, w in zip(grads, first))
+
+
+def test_where_the_helper_threads_start_changes_no_bit():
+    """The numpy call starts its helper threads on the CPUs other than the caller's (Linux;
+    a benchmark hook turns it off): the same bits either way, and a caller pinned to one CPU
+    (no other CPU to start them on) still runs them, where it is."""
+    rng = np.random.default_rng(5)
+    q, k, v, d = make(rng, 1, 1, 1, 300, 300, 64)
+    first = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=1)
+    try:
+        for on in (False, True):
+            assert _attn._set_start_elsewhere(on) is (not on)
+            for n in (2, 3):
+                again = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=n)
+                assert all(np.array_equal(a, b) for a, b in zip(first, again)), (on, n)
+    finally:
+        _attn._set_start_elsewhere(True)
+    if hasattr(os, "sched_setaffinity"):
+        mask = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, {min(mask)})
+            again = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=2)
+            assert all(np.array_equal(a, b) for a, b in zip(first, again))
+        finally:
+            os.sched_setaffinity(0, mask)
 
 
 def test_every_code_path_agrees_and_the_vector_paths_bit_for_bit():

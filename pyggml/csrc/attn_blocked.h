@@ -81,6 +81,12 @@ PYGGML_ATTN_API int pyggml_attn_bwd_set_isa(int force);
  * concurrent runs; call it before starting any. */
 PYGGML_ATTN_API int pyggml_attn_bwd_set_panels(int on);
 
+/* Benchmark hook: whether pyggml_attn_bwd_compute starts its helper threads on the CPUs
+ * other than the caller's current one (1, the default, on Linux; see start_elsewhere in
+ * attn_blocked.c) or where the scheduler puts them (0). The bits do not depend on it.
+ * Returns the previous setting. Not thread-safe against concurrent runs. */
+PYGGML_ATTN_API int pyggml_attn_bwd_set_start_elsewhere(int on);
+
 /* Benchmark hook: runs ``iters`` rounds of independent fused multiply-adds on path ``isa``
  * (2 = AVX2+FMA, 3 = AVX-512, 0 = the path the kernels use) and returns the flops done, or -1 where this CPU (or build)
  * lacks the path. The caller times it (its thread's CPU time). */
