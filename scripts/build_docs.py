@@ -51,6 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "docs" / "site"
 EXAMPLE_MAX_ELEMENTS = 64       # the values of an example's inputs are written out in it
+EXAMPLE_FALLBACK_MAX = 256      # ... or up to this many, for an op without a smaller sample
 FAMILY_TITLES = {
     "arith": "Arithmetic", "math": "Elementwise math", "activation": "Activations", "glu": "Gated linear units",
     "reduce": "Reductions", "layout": "Layout and views", "norm": "Normalization", "matmul": "Matrix products",
@@ -105,12 +106,32 @@ def _array_code(a) -> str:
     return f"np.array({body!r}, dtype={_DTYPES[a.type.name]})"
 
 
+def _param_values(a):
+    """The values a parameter Tensor of a sample was made with (the opt_step ops':
+    ``pyggml.opinfo.train.param_tensor``), or None for anything else."""
+    from pyggml.opinfo import train
+    made = train._PARAMS.get(id(a))
+    return made[1] if made is not None and made[0] is a else None
+
+
 def _rounded(sample):
     """The sample with the values the example writes out (4 decimals)."""
-    from pyggml.opinfo import Arg
-    args = tuple(dataclasses.replace(a, value=np.round(np.asarray(a.value, np.float64), 4))
-                 if isinstance(a, Arg) and a.type.name != "I32" else a for a in sample.args)
-    return dataclasses.replace(sample, args=args)
+    from pyggml.opinfo import Arg, train
+
+    def one(a):
+        if isinstance(a, Arg) and a.type.name != "I32":
+            return dataclasses.replace(a, value=np.round(np.asarray(a.value, np.float64), 4))
+        values = _param_values(a)
+        if values is not None:
+            return train.param_tensor(np.round(np.asarray(values, np.float64), 4))
+        return a
+    return dataclasses.replace(sample, args=tuple(one(a) for a in sample.args))
+
+
+def _name(name: str) -> str:
+    """A C parameter name as a Python variable (mul_mat_id's ``as`` is a keyword)."""
+    import keyword
+    return name + "_" if keyword.iskeyword(name) else name
 
 
 def example_code(row: dict, sample) -> str:
@@ -118,9 +139,13 @@ def example_code(row: dict, sample) -> str:
     names = [n for n, _, _ in row["params"]]
     lines = ["import numpy as np", "import pyggml", "", "ctx = pyggml.Context(16 * 1024 * 1024)"]
     call = []
-    for name, a in zip(names, sample.args):
+    for name, a in zip(map(_name, names), sample.args):
         if isinstance(a, Arg):
             lines.append(f"{name} = ctx.from_numpy({_array_code(a)})")
+            call.append(name)
+        elif _param_values(a) is not None:       # a parameter: ggml updates it in place
+            body = np.round(np.asarray(_param_values(a), np.float64), 4).tolist()
+            lines += [f"{name} = ctx.from_numpy(np.array({body!r}, dtype=np.float32))", f"pyggml.set_param({name})"]
             call.append(name)
         else:
             call.append(_code(a))
@@ -129,7 +154,7 @@ def example_code(row: dict, sample) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _example_candidates(info):
+def _example_candidates(info, max_elements=EXAMPLE_MAX_ELEMENTS):
     from pyggml.opinfo import Arg
     for t in info.types:
         if t.name not in _DTYPES:
@@ -138,18 +163,25 @@ def _example_candidates(info):
             args = [a for a in s.args if isinstance(a, Arg)]
             if s.defect or any(a.layout != "contiguous" or a.type.name not in _DTYPES for a in args):
                 continue
-            if any(not isinstance(a, Arg) and hasattr(a, "ne") for a in s.args):     # a ready Tensor
+            params = [_param_values(a) for a in s.args if not isinstance(a, Arg) and hasattr(a, "ne")]
+            if any(p is None for p in params):       # a ready Tensor the example cannot write out
                 continue
-            size = sum(np.size(a.value) for a in args)
-            if size <= EXAMPLE_MAX_ELEMENTS:
+            size = sum(np.size(a.value) for a in args) + sum(np.size(p) for p in params)
+            if size <= max_elements:
                 yield t, s
 
 
 def make_example(row: dict, info) -> tuple[str, str] | None:
     """(code, its output) for the op's first small sample whose example runs and agrees
-    with the float64 reference to the op's tolerance; None if none does."""
+    with the float64 reference to the op's tolerance (of EXAMPLE_MAX_ELEMENTS values, else
+    of EXAMPLE_FALLBACK_MAX); None if none does."""
+    import itertools
+
     from pyggml.opinfo import harness
-    for t, sample in _example_candidates(info):
+    for t, sample in itertools.chain(_example_candidates(info),
+                                     (c for c in _example_candidates(info, EXAMPLE_FALLBACK_MAX)
+                                      if sum(np.size(getattr(a, "value", 0)) for a in c[1].args)
+                                      > EXAMPLE_MAX_ELEMENTS)):
         try:
             code = example_code(row, sample)
         except ValueError:

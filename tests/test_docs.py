@@ -72,6 +72,30 @@ def test_an_example_is_the_code_that_ran_and_it_printed_what_the_page_shows(ops_
     scope["ctx"].close()
 
 
+def test_examples_of_a_parameter_updated_in_place_and_of_a_keyword_parameter(ops_dir, capsys):
+    """opt_step_sgd's example flags its parameter (ggml updates it in place), and
+    mul_mat_id's names its ``as`` (a Python keyword) ``as_``: both run, and print what
+    the page shows, the values of the reference."""
+    d, _ = ops_dir
+    for name in ("opt_step_sgd", "mul_mat_id"):
+        page = (d / f"{name}.md").read_text()
+        code = page.split("```python\n")[-1].split("```")[0]
+        printed = page.split("```text\n")[-1].split("```")[0]
+        scope = {}
+        with np.printoptions(precision=4, suppress=True, threshold=60):
+            exec(code, scope)
+        assert capsys.readouterr().out.strip() == printed.strip(), name
+        if name == "opt_step_sgd":
+            assert "pyggml.set_param(a)" in code
+            w = np.asarray(eval(code.split("a = ctx.from_numpy(")[1].split(")\n")[0], {"np": np}), np.float64)
+            g = scope["grad"].numpy().astype(np.float64)
+            alpha, wd = scope["sgd_params"].numpy().astype(np.float64)
+            assert np.allclose(scope["out"].numpy(), w * (1 - alpha * wd) - alpha * g, atol=1e-6)
+        else:
+            assert "as_ = ctx.from_numpy(" in code and "pyggml.mul_mat_id(ctx, as_," in code
+        scope["ctx"].close()
+
+
 def test_an_example_that_disagrees_with_the_reference_is_not_shown():
     info = registry()["add"]
     row = ROWS["add"]
