@@ -25,7 +25,8 @@ and the exponent of cost growth in N. With 1 and more threads in ``--threads``, 
 gain of each thread count over 1 (``--heads 1``: one head, the case the blocked kernel splits
 over key or query chunks).
 
-Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]``
+Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]
+[--threads-start-anywhere]``
 """
 
 from __future__ import annotations
@@ -258,6 +259,9 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows and the summary here")
     ap.add_argument("--isa", default="auto", choices=list(_attn.ISAS),
                     help="the blocked kernel's code path (and the FMA peak's): auto = the best this CPU has")
+    ap.add_argument("--threads-start-anywhere", action="store_true",
+                    help="the blocked kernel's helper threads start where the scheduler puts them, not on the "
+                         "CPUs other than the caller's (an A/B of _attn._set_start_elsewhere)")
     args = ap.parse_args()
     Ds = [64] if args.quick else [int(x) for x in args.D.split(",")]
     Ns = [256, 512] if args.quick else [int(x) for x in args.N.split(",")]
@@ -266,6 +270,7 @@ def main() -> int:
     kernels = [k for k in KERNELS if k != "torch" or has_torch]
 
     isa = _attn.set_isa(args.isa)
+    _attn._set_start_elsewhere(not args.threads_start_anywhere)
     sgemm, peak = sgemm_rate(), _attn.fma_peak(isa if isa != "portable" else "auto")
     info = pyggml.build_info()
     print("$ " + " ".join(["python"] + sys.argv))
@@ -273,7 +278,8 @@ def main() -> int:
     print(f"pyggml {pyggml.__version__}, ggml {pyggml.ggml_version()} (native={info['native']}), "
           f"torch {torch_version() or 'absent'}; medians of {args.repeat} alternating rounds, per CPU-second")
     print(f"blocked kernel's path: {isa}; FMA peak measured on it: "
-          f"{f'{peak:.1f} GFLOP/s per core' if peak else 'none (no FMA path)'}")
+          f"{f'{peak:.1f} GFLOP/s per core' if peak else 'none (no FMA path)'}; its helper threads start "
+          f"{'where the scheduler puts them' if args.threads_start_anywhere else 'on the CPUs other than the caller'}")
     print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s ({blas_info()})")
     head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'mask':>4} {'thr':>3} | " +
             " ".join(f"{k:>11}" for k in kernels) +
@@ -368,6 +374,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": sys.argv, "cpu": cpu_model(), "isa": isa, "blas": blas_info(),
+                       "threads_start_anywhere": args.threads_start_anywhere,
                        "sgemm_gflops": sgemm, "fma_peak_gflops": peak, "rows": rows, "summary": summary}, f,
                       indent=1)
     return 0
