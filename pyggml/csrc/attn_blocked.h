@@ -83,7 +83,7 @@ PYGGML_ATTN_API int pyggml_attn_bwd_set_panels(int on);
 
 /* Benchmark hook: whether pyggml_attn_bwd_compute starts its helper threads on the CPUs
  * other than the caller's current one (1, the default, on Linux; see start_elsewhere in
- * attn_blocked.c) or where the scheduler puts them (0). The bits do not depend on it.
+ * attn_threads.c) or where the scheduler puts them (0). The bits do not depend on it.
  * Returns the previous setting. Not thread-safe against concurrent runs. */
 PYGGML_ATTN_API int pyggml_attn_bwd_set_start_elsewhere(int on);
 
