@@ -241,7 +241,8 @@ def fma_peak(isa="auto", seconds=0.3, repeat=5):
 
 def blocked_offsets(q, k):
     """blocked_offsets(q, k) -> (offs_q, offs_k, offs_v, end): byte offsets of dq, dk and
-    dv in the result of :func:`blocked_backward_node`, and its length in bytes."""
+    dv in the result of :func:`blocked_backward_node`, and where dv's padding ends (a
+    scratch follows where the node is two)."""
     cdef Tensor tq = arg_tensor(q, "q", "blocked_offsets")
     cdef Tensor tk = arg_tensor(k, "k", "blocked_offsets")
     cdef int64_t offs[4]
@@ -255,8 +256,10 @@ def blocked_backward_node(Context ctx, q, k, v, d, scale, masked, grouping, lse=
     The kernel as a node of a ggml graph: a GGML_OP_CUSTOM node over q [D,N,H,B],
     k, v [D,M,KVH,B], d [D,N,H,B] (ggml order, F32, contiguous) and optionally lse
     [N,H,B] and o [D,N,H,B]. Its 1-D F32 result packs dq, dk and dv at the byte
-    offsets of :func:`blocked_offsets`. ggml's compute threads run it, each on whole
-    (batch, kv head) groups."""
+    offsets of :func:`blocked_offsets`. ggml's compute threads run it. Where they must
+    meet (fewer than 4 query heads in all, or grouped queries over fewer than 4 (batch,
+    kv head) pairs) the node is two, and this is the second: an in-place view of the
+    first that reduces what the first's threads left in the scratch after dv."""
     need_open(ctx, "attention_backward_node")
     if not PYGGML_HAVE_CUSTOM_4D:
         raise GGMLVersionError("attention_backward_node: this ggml has no ggml_custom_4d")
@@ -278,7 +281,7 @@ def blocked_backward_node(Context ctx, q, k, v, d, scale, masked, grouping, lse=
     pyggml_attn_bwd_probe(&probe, ptrs, n, sc, 1 if masked else 0, grouping)
     check_node_named(&probe, op, names, srcs)
     nbytes = 4 * probe.ne[0]
-    ctx._reserve(ggml_tensor_overhead() + nbytes + GGML_MEM_ALIGN, op)
+    ctx._reserve(pyggml_attn_bwd_node_count(ptrs, n) * ggml_tensor_overhead() + nbytes + GGML_MEM_ALIGN, op)
     cdef ggml_tensor * result = pyggml_attn_bwd_node(ctx.ptr, ptrs, n, sc, 1 if masked else 0, grouping)
     if result == NULL:
         raise GGMLVersionError(f"{op}: this ggml has no ggml_custom_4d")

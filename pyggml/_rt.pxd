@@ -164,3 +164,4 @@ cdef extern from "pyggml_rt.h" nogil:
                                int grouping)
     ggml_tensor * pyggml_attn_bwd_node(ggml_context * ctx, ggml_tensor ** srcs, int n_srcs, float scale, int masked,
                                        int grouping)
+    int pyggml_attn_bwd_node_count(ggml_tensor ** srcs, int n_srcs)

@@ -25,8 +25,11 @@ and the exponent of cost growth in N. With 1 and more threads in ``--threads``, 
 gain of each thread count over 1 (``--heads 1``: one head, the case the blocked kernel splits
 over key or query chunks).
 
+``--node`` adds the blocked kernel as a graph node (``attention_backward_node``, without
+saved statistics; ggml's compute threads run it: two nodes where they must meet).
+
 Run: ``python scripts/bench_flash_attn_back.py [--quick] [--repeat 5] [--threads 1,2] [--isa avx2]
-[--threads-start-anywhere]``
+[--threads-start-anywhere] [--node]``
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def forward64(q, k, v, masked):
 class Runner:
     """The kernels over one input (B=1), each ready to time (inputs already in place)."""
 
-    def __init__(self, D, N, H, masked, seed=0):
+    def __init__(self, D, N, H, masked, seed=0, node=False):
         rng = np.random.default_rng(seed)
         f = lambda: rng.standard_normal((1, H, N, D), dtype=np.float32)  # noqa: E731
         self.q, self.k, self.v, self.d = f(), f(), f(), f()
@@ -172,13 +175,25 @@ class Runner:
         self.graph = pyggml.Graph(self.ctx)
         self.graph.build_forward_expand(r)
         self.torch_state = None
+        self.node_ctx = self.node_graph = None
+        if node:        # inputs, gradients and the scratch of two nodes (at most 16 D x N floats a head)
+            self.node_ctx = pyggml.Context(4 * self.q.size * 7 + 64 * H * (N + 64) * (D + 8) + (1 << 20))
+            ts = [self.node_ctx.from_numpy(x) for x in (self.q, self.k, self.v, self.d)]
+            grads = pyggml.attention_backward_node(self.node_ctx, *ts, masked=masked)
+            self.node_graph = pyggml.Graph(self.node_ctx)
+            for t in grads:
+                self.node_graph.build_forward_expand(t)
 
     def close(self):
         self.ctx.close()
+        if self.node_ctx is not None:
+            self.node_ctx.close()
 
     def fn(self, kernel, threads):
         if kernel == "ggml":
             return lambda: self.graph.compute(threads)
+        if kernel == "node":
+            return lambda: self.node_graph.compute(threads)
         if kernel == "blocked":
             return lambda: _attn.blocked_backward(self.q, self.k, self.v, self.d, None, None, self.scale,
                                                   self.masked, 0, threads)
@@ -262,12 +277,14 @@ def main() -> int:
     ap.add_argument("--threads-start-anywhere", action="store_true",
                     help="the blocked kernel's helper threads start where the scheduler puts them, not on the "
                          "CPUs other than the caller's (an A/B of _attn._set_start_elsewhere)")
+    ap.add_argument("--node", action="store_true",
+                    help="also the blocked kernel as a graph node (attention_backward_node, no saved statistics)")
     args = ap.parse_args()
     Ds = [64] if args.quick else [int(x) for x in args.D.split(",")]
     Ns = [256, 512] if args.quick else [int(x) for x in args.N.split(",")]
     threads_list = [int(x) for x in args.threads.split(",")]
     has_torch = torch_version() is not None
-    kernels = [k for k in KERNELS if k != "torch" or has_torch]
+    kernels = [k for k in KERNELS if k != "torch" or has_torch] + (["node"] if args.node else [])
 
     isa = _attn.set_isa(args.isa)
     _attn._set_start_elsewhere(not args.threads_start_anywhere)
@@ -293,7 +310,7 @@ def main() -> int:
         for N in Ns:
             H = args.heads or (8 if N <= 1024 else (4 if N <= 2048 else 2))
             for masked in (False, True):
-                run = Runner(D, N, H, masked)
+                run = Runner(D, N, H, masked, node=args.node)
                 flops = 10.0 * N * N * D * H * (0.5 if masked else 1.0)
                 mem = {}
                 if not args.no_memory:
@@ -321,7 +338,8 @@ def main() -> int:
                            "lse_over_peak": rate["blocked+lse"] / peak if peak else None}
                     if threads != 1 and 1 in threads_list:
                         row["gain_over_1_thread"] = {k: paired(samples[(k, 1)][1], samples[(k, threads)][1])
-                                                     for k in ("blocked", "blocked+lse", "ggml")}
+                                                     for k in ("blocked", "blocked+lse", "ggml", "node")
+                                                     if (k, threads) in samples}
                     rows.append(row)
                     cells = " ".join(f"{rate[k]:11.1f}" if k in rate else f"{'-':>11}" for k in kernels)
                     x = lambda v, w: f"{v:{w - 1}.2f}x" if v is not None else f"{'-':>{w}}"  # noqa: E731
@@ -343,7 +361,8 @@ def main() -> int:
     more = [t for t in threads_list if t > 1]
     if 1 in threads_list and more:
         print(f"\nwall-time gain of {', '.join(map(str, more))} threads over 1 (T1 / Tn, the median of the "
-              "per-round ratios, 1 and n threads alternating; blocked, blocked+lse, ggml):")
+              "per-round ratios, 1 and n threads alternating; blocked, blocked+lse, ggml" +
+              (", node" if args.node else "") + "):")
         for r1 in (r for r in rows if r["threads"] == 1):
             gains = []
             for t in more:

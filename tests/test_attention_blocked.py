@@ -288,6 +288,71 @@ def test_the_graph_node_gives_the_kernels_bits(n_threads, with_lse):
                           rtol=1e-4, atol=1e-3)
 
 
+# (B, H, KVH, N, M): split mode (fewer than 4 query heads in all), grouped ones among
+# them, and head mode (grouped queries over fewer than 4 (batch, kv head) pairs)
+SHARED_HEADS = [(1, 1, 1, 300, 300), (1, 2, 1, 200, 330), (1, 3, 1, 130, 200), (1, 8, 2, 70, 90),
+                (2, 6, 1, 70, 70)]
+
+
+@pytest.mark.parametrize("with_lse", [False, True])
+@pytest.mark.parametrize("shape", SHARED_HEADS, ids=lambda s: "x".join(map(str, s)))
+def test_the_graph_node_shares_a_head_among_its_threads_with_the_kernels_bits(shape, with_lse):
+    """Where the numpy call's threads meet at a barrier (split and head mode), the node is
+    two: the second (an in-place view of the first) reduces what the first's threads left
+    after dv. The bits of the numpy call on 1 to 4 threads, whatever the mapping and mask."""
+    B, H, KVH, N, M = shape
+    rng = np.random.default_rng(B * 1000 + H * 100 + KVH + N)
+    q, k, v, d = make(rng, B, H, KVH, N, M, 24)
+    for masked, mapping in ((True, "group"), (False, "tile")):
+        o, lse = forward64(q, k, v, masked, mapping, scale=0.3)
+        extra = dict(lse=lse, o=o) if with_lse else {}
+        want = pyggml.attention_backward(q, k, v, d, masked=masked, mapping=mapping, scale=0.3, n_threads=1,
+                                         **extra)
+        with pyggml.Context(64 << 20) as ctx:
+            tq, tk, tv, td, tl, to = _tensors(ctx, q, k, v, d, lse, o)
+            node_extra = dict(lse=tl, o=to) if with_lse else {}
+            grads = pyggml.attention_backward_node(ctx, tq, tk, tv, td, masked=masked, mapping=mapping, scale=0.3,
+                                                   **node_extra)
+            g = pyggml.Graph(ctx)
+            for t in grads:
+                g.build_forward_expand(t)
+            custom = [t for t in g.nodes if t.op == "CUSTOM"]
+            assert len(custom) == 2 and custom[1].view_src.data_ptr == custom[0].data_ptr
+            assert custom[0].nbytes > _attn.blocked_offsets(tq, tk)[3]       # the scratch after dv
+            for n in (1, 2, 3, 4):
+                g.compute(n)
+                for got, w in zip(grads, want):
+                    assert np.array_equal(got.numpy(), w), (masked, n)
+
+
+def test_the_graph_node_keeps_the_panels_setting_it_was_built_with():
+    """Without saved statistics, split mode shares a head by query chunks when the
+    statistics sweep keeps its panels (the default) and computes on one thread, as one node,
+    when a test turns them off: the node keeps what was set when it was built."""
+    rng = np.random.default_rng(8)
+    q, k, v, d = make(rng, 1, 1, 1, 200, 200, 16)
+    with_panels = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=1)
+    try:
+        assert _attn._set_panels(False)
+        without = pyggml.attention_backward(q, k, v, d, masked=True, n_threads=1)
+        assert not all(np.array_equal(a, b) for a, b in zip(with_panels, without))   # other chunks, other bits
+        with pyggml.Context(16 << 20) as ctx:
+            tq, tk, tv, td = _tensors(ctx, q, k, v, d)
+            one = pyggml.attention_backward_node(ctx, tq, tk, tv, td, masked=True)
+            assert not _attn._set_panels(True)
+            two = pyggml.attention_backward_node(ctx, tq, tk, tv, td, masked=True)
+            assert _attn._set_panels(False)
+            g = pyggml.Graph(ctx)
+            for t in one + two:
+                g.build_forward_expand(t)
+            assert sum(t.op == "CUSTOM" for t in g.nodes) == 3
+            g.compute(3)
+            assert all(np.array_equal(t.numpy(), w) for t, w in zip(one, without))
+            assert all(np.array_equal(t.numpy(), w) for t, w in zip(two, with_panels))
+    finally:
+        _attn._set_panels(True)
+
+
 def test_the_graph_node_runs_on_the_cpu_backend_in_a_backend_buffer():
     rng = np.random.default_rng(7)
     q, k, v, d = make(rng, 1, 2, 1, 8, 8, 16)

@@ -44,7 +44,7 @@
  * THREADING / dQ DESIGN
  *   A head pass owns its dQ (accumulated over key blocks in a fixed order), so dQ never needs a
  *   cross-thread reduction and no recompute pass.  The unit of work is
- *     - group mode (always when barrier == NULL): a (b, kv head) pair; its heads are processed
+ *     - group mode (when neither of the two below): a (b, kv head) pair; its heads are processed
  *       in ascending group index g; head g=0 writes dK/dV, heads g>0 add their complete
  *       per-key-block contribution to it, so dK = ((h_0 + h_1) + h_2) + ...  No barrier needed.
  *     - head mode (barrier given, GQA, and too few (b, kv head) pairs to balance the threads):
@@ -61,7 +61,11 @@
  *       same partials and sums them the same way.  dK/dV of a key block are its owner's alone.
  *       Without saved statistics (PANELS) the chunks are of query blocks instead, and the
  *       partials those of dK/dV (split_head_panels).
- *       Without a barrier (the graph node) one thread does it all, the same way.
+ *       Without a barrier (pyggml_attn_bwd_run_alone) one thread does it all, the same way.
+ *     - the graph node (attn_node.c), whose threads have no barrier but meet between two
+ *       nodes, runs split mode, and head mode where it has fewer than 4 (b, kv head) pairs,
+ *       as two nodes: the first does what the threads do before their barrier, the second
+ *       the reduction after it (attn_split.c: pyggml_attn_bwd_node_first, _second).
  *   Every float operation on a given output element therefore happens in the same order
  *   regardless of the partition: results are bitwise identical for any thread count, with or
  *   without barrier, and from run to run (static partition, no atomics).
@@ -81,36 +85,23 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn_blocked.h"
 #include "attn_blocked_kernels.h"
+#include "attn_blocked_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------- geometry ------------------------------------------- */
-typedef struct {
-    i64 D, Dp, N, M, Mp, G;
-    /* offsets (floats) into a thread's scratch */
-    size_t o_kt, o_vt, o_kp, o_qp, o_dop, o_dqp, o_lse, o_dl, o_s, o_dp, o_dk, o_dv;
-    int panel;           /* a head pass keeps a query block's S and dP rows (see PANELS) */
-    size_t o_ps, o_pdp, o_dka, o_dva;   /* panel mode: the panels, the head's dK/dV sums */
-    size_t per_thread;   /* floats, multiple of 16 */
-    size_t partial;      /* floats of the shared head-mode partial buffer (0 if head mode impossible) */
-    int split;           /* split mode (few heads: see THREADING) */
-    i64 chunks;          /* split mode: key chunks, each with a dQ partial of its own */
-    size_t shared;       /* split mode: floats of lse, delta and the dQ partials, shared */
-} pgab_geom;
-
-/* split mode: fewer query heads than this in all (B H), whatever the thread count */
-#define PGAB_SPLIT_HEADS 4
-/* split mode: key chunks per head (fewer where there are fewer key blocks) */
-#define PGAB_KCHUNKS 8
-
 static int g_panels = 1;    /* pyggml_attn_bwd_set_panels */
 
 int pyggml_attn_bwd_set_panels(int on) {
     const int was = g_panels;
     g_panels = on != 0;
     return was;
+}
+
+int pyggml_attn_bwd_panels(void) {
+    return g_panels;
 }
 
 static size_t take(size_t *at, i64 nfloats) {
@@ -126,7 +117,7 @@ static int head_mode_possible(const pyggml_attn_bwd *a, int nth) {
     return nth > 1 && a->H > a->KVH && units % nth != 0 && units < 4 * (i64)nth;
 }
 
-static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
+void pgab_geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth, int panels) {
     g->D = a->D;
     g->Dp = rup(a->D, 8);
     g->N = a->N;
@@ -148,7 +139,7 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->o_dv = take(&at, PGAB_BC * g->Dp);
     g->split = a->B * a->H < PGAB_SPLIT_HEADS;
     /* panels where the statistics are recomputed (see PANELS) */
-    g->panel = g_panels && !(a->lse && a->o);
+    g->panel = panels && !(a->lse && a->o);
     g->o_ps = g->o_pdp = g->o_dka = g->o_dva = 0;
     if (g->panel) {
         g->o_ps = take(&at, PGAB_BR * g->Mp);
@@ -170,6 +161,10 @@ static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
     g->partial = !g->split && head_mode_possible(a, nth) ? (size_t)(2 * a->B * (a->H - a->KVH) * a->M * a->D) : 0;
 }
 
+static void geom_init(pgab_geom *g, const pyggml_attn_bwd *a, int nth) {
+    pgab_geom_init(g, a, nth, g_panels);
+}
+
 size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads) {
     if (n_threads < 1) n_threads = 1;
     pgab_geom g;
@@ -180,7 +175,7 @@ size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n_threads) {
 /* ------------------------------------- head pass ------------------------------------------ */
 
 /* transpose/pad kv head (b, c) into the thread scratch */
-static void prep_kv(const pyggml_attn_bwd *a, const pgab_geom *g, float *tw, i64 b, i64 c) {
+void pgab_prep_kv(const pyggml_attn_bwd *a, const pgab_geom *g, float *tw, i64 b, i64 c) {
     const i64 D = g->D, M = g->M, Mp = g->Mp, Dp = g->Dp;
     const float *k = a->k + (b * a->KVH + c) * M * D;
     const float *v = a->v + (b * a->KVH + c) * M * D;
@@ -204,20 +199,16 @@ static void prep_kv(const pyggml_attn_bwd *a, const pgab_geom *g, float *tw, i64
     }
 }
 
-static void pad_rows(float *dst, const float *src, i64 n, i64 D, i64 Dp) {
+void pgab_pad_rows(float *dst, const float *src, i64 n, i64 D, i64 Dp) {
     for (i64 i = 0; i < n; i++) {
         memcpy(dst + i * Dp, src + i * D, (size_t)D * sizeof(float));
         for (i64 d = D; d < Dp; d++) dst[i * Dp + d] = 0.0f;
     }
 }
 
-static inline int cancelled(const pyggml_attn_bwd *a) {
-    return a->cancel != NULL && __atomic_load_n(a->cancel, __ATOMIC_RELAXED) != 0;
-}
-
 /* Row statistics of the query block at i0 (lse_i and delta_i, see 1. above) into lse, dl.
  * l: Br floats of scratch. */
-static void stats_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, const float *tw,
+void pgab_stats_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, const float *tw,
                         const float *qp, const float *dop, i64 bh, i64 i0, float *lse, float *dl, float *l) {
     const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
     const i64 br = imin(PGAB_BR, N - i0);
@@ -277,7 +268,7 @@ static void store_key_block(const pgab_geom *g, i64 j0, const float *dka, const 
 /* The backward sweep of the key block at j0 (2. above): dQ rows accumulated into dqp
  * (N x Dp), the block's dK/dV rows written to dkd/dvd ([M][D]) when add == 0, added to them
  * when add != 0. */
-static void key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+void pgab_key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
                       const float *qp, const float *dop, const float *lse, const float *dl, float *dqp, i64 j0,
                       float *dkd, float *dvd, int add) {
     const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
@@ -319,7 +310,7 @@ static void key_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
 /* One query block of PANELS: its row statistics with the S and dP tiles kept, then the
  * backward over them; dQ rows accumulated into the thread's dqp, dK/dV of key block j0 into
  * dka/dva + j0 Dp (Mp x Dp accumulators). */
-static void panel_query_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+void pgab_panel_query_block(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
                               i64 i0, float *dka, float *dva) {
     const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M, off = M - N;
     const int masked = a->masked;
@@ -375,14 +366,14 @@ static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const
     float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
     float *dka = tw + g->o_dka, *dva = tw + g->o_dva;
 
-    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
-    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    pgab_pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pgab_pad_rows(dop, a->d + bh * N * D, N, D, Dp);
     memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
     memset(dka, 0, (size_t)(g->Mp * Dp) * sizeof(float));
     memset(dva, 0, (size_t)(g->Mp * Dp) * sizeof(float));
     for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
-        if (cancelled(a)) return;
-        panel_query_block(a, g, kr, tw, i0, dka, dva);
+        if (pgab_cancelled(a)) return;
+        pgab_panel_query_block(a, g, kr, tw, i0, dka, dva);
     }
     for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) store_key_block(g, j0, dka + j0 * Dp, dva + j0 * Dp, dkd, dvd, add);
     float *dq = a->dq + bh * N * D;
@@ -391,7 +382,7 @@ static void head_pass_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const
 
 /* Backward of query head (b, h) against the kv head prepared in tw, on one thread.  dK/dV of
  * the head are written to dkd/dvd ([M][D]) when add == 0, added to them when add != 0. */
-static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+void pgab_head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
                       i64 b, i64 h, float *dkd, float *dvd, int add) {
     const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
     const i64 bh = b * a->H + h;
@@ -402,194 +393,19 @@ static void head_pass(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
         head_pass_panels(a, g, kr, tw, b, h, dkd, dvd, add);
         return;
     }
-    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
-    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
+    pgab_pad_rows(qp, a->q + bh * N * D, N, D, Dp);
+    pgab_pad_rows(dop, a->d + bh * N * D, N, D, Dp);
     memset(dqp, 0, (size_t)(N * Dp) * sizeof(float));
     for (i64 i0 = 0; i0 < N; i0 += PGAB_BR) {
-        if (cancelled(a)) return;
-        stats_block(a, g, kr, tw, qp, dop, bh, i0, lse, dl, tw + g->o_dk);   /* dK's buffer is free now */
+        if (pgab_cancelled(a)) return;
+        pgab_stats_block(a, g, kr, tw, qp, dop, bh, i0, lse, dl, tw + g->o_dk);   /* dK's buffer is free now */
     }
     for (i64 j0 = 0; j0 < M; j0 += PGAB_BC) {
-        if (cancelled(a)) return;
-        key_block(a, g, kr, tw, qp, dop, lse, dl, dqp, j0, dkd, dvd, add);
+        if (pgab_cancelled(a)) return;
+        pgab_key_block(a, g, kr, tw, qp, dop, lse, dl, dqp, j0, dkd, dvd, add);
     }
     float *dq = a->dq + bh * N * D;
     for (i64 i = 0; i < N; i++) memcpy(dq + i * D, dqp + i * Dp, (size_t)D * sizeof(float));
-}
-
-/* ----------------------------------- split mode ------------------------------------------- */
-
-/* Key chunk c of n covers the key blocks [nkb c / n, nkb (c + 1) / n) */
-static i64 chunk_start(const pgab_geom *g, i64 c) {
-    const i64 nkb = g->Mp / PGAB_BC;
-    return nkb * c / g->chunks * PGAB_BC;
-}
-
-/* Whether thread ith of nth owns chunk ``chunk`` of n: longest work first onto the
- * least-loaded thread, the same list on every thread; the owner of a chunk changes nothing
- * in the numbers (its partials are summed in chunk order). */
-static int lpt_owns(const i64 *work, i64 n, i64 chunk, int ith, int nth) {
-    i64 load[64];
-    int order[PGAB_KCHUNKS];
-    if (nth > 64) nth = 64;
-    for (i64 c = 0; c < n; c++) order[c] = (int)c;
-    for (i64 x = 1; x < n; x++)              /* insertion sort: work descending, index ascending */
-        for (i64 y = x; y > 0 && work[order[y]] > work[order[y - 1]]; y--) {
-            const int t = order[y];
-            order[y] = order[y - 1];
-            order[y - 1] = t;
-        }
-    for (int t = 0; t < nth; t++) load[t] = 0;
-    for (i64 x = 0; x < n; x++) {
-        int best = 0;
-        for (int t = 1; t < nth; t++)
-            if (load[t] < load[best]) best = t;
-        load[best] += work[order[x]] + 1;
-        if (order[x] == chunk) return best == ith;
-    }
-    return 0;
-}
-
-/* The key chunks thread ith computes (work: the query rows each key block meets) */
-static int owns_chunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
-    i64 work[PGAB_KCHUNKS];
-    const i64 off = g->M - g->N;
-    for (i64 c = 0; c < g->chunks; c++) {
-        work[c] = 0;
-        for (i64 j0 = chunk_start(g, c); j0 < chunk_start(g, c + 1); j0 += PGAB_BC)
-            work[c] += a->masked ? g->N - imin(g->N, imax(0, j0 - off)) : g->N;
-    }
-    return lpt_owns(work, g->chunks, chunk, ith, nth);
-}
-
-static void meet(pyggml_barrier_fn barrier, void *ctx) {
-    if (barrier != NULL) barrier(ctx);
-}
-
-/* Backward of query head (b, h) by all nth threads together (split mode): the row statistics
- * split by query blocks, the key blocks by chunks, each chunk's dQ in a partial of its own,
- * then dQ = ((partial_0 + partial_1) + ...) split by rows.  Every thread reaches every
- * barrier (a cancelled run skips work, never a barrier). */
-static void split_head(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
-                       float *shared, i64 b, i64 h, float *dkd, float *dvd, int add, int ith, int nth,
-                       pyggml_barrier_fn barrier, void *barrier_ctx) {
-    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
-    const i64 bh = b * a->H + h;
-    float *qp = tw + g->o_qp, *dop = tw + g->o_dop;
-    float *lse = shared, *dl = shared + rup(N, 16), *parts = shared + 2 * rup(N, 16);
-    const size_t part = (size_t)(N * Dp);
-
-    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
-    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
-    for (i64 i0 = (i64)ith * PGAB_BR; i0 < N; i0 += (i64)nth * PGAB_BR)
-        if (!cancelled(a)) stats_block(a, g, kr, tw, qp, dop, bh, i0, lse, dl, tw + g->o_dk);
-    meet(barrier, barrier_ctx);
-    for (i64 c = 0; c < g->chunks; c++) {
-        if (!owns_chunk(a, g, c, ith, nth)) continue;
-        float *dqp = parts + (size_t)c * part;
-        memset(dqp, 0, part * sizeof(float));
-        for (i64 j0 = chunk_start(g, c); j0 < imin(chunk_start(g, c + 1), M); j0 += PGAB_BC)
-            if (!cancelled(a)) key_block(a, g, kr, tw, qp, dop, lse, dl, dqp, j0, dkd, dvd, add);
-    }
-    meet(barrier, barrier_ctx);
-    float *dq = a->dq + bh * N * D;
-    for (i64 i = N * ith / nth; i < N * (ith + 1) / nth; i++) {
-        memcpy(dq + i * D, parts + i * Dp, (size_t)D * sizeof(float));
-        for (i64 c = 1; c < g->chunks; c++) {
-            const float *p = parts + (size_t)c * part + i * Dp;
-            for (i64 d = 0; d < D; d++) dq[i * D + d] += p[d];
-        }
-    }
-    meet(barrier, barrier_ctx);              /* the shared buffers are the next head's */
-}
-
-/* Query chunk c of n covers the query blocks [nqb c / n, nqb (c + 1) / n) */
-static i64 qchunk_start(const pgab_geom *g, i64 c) {
-    const i64 nqb = rup(g->N, PGAB_BR) / PGAB_BR;
-    return nqb * c / g->chunks * PGAB_BR;
-}
-
-/* owns_chunk for query chunks (split mode with panels): work, the keys each query block
- * meets */
-static int owns_qchunk(const pyggml_attn_bwd *a, const pgab_geom *g, i64 chunk, int ith, int nth) {
-    i64 work[PGAB_KCHUNKS];
-    const i64 off = g->M - g->N;
-    for (i64 c = 0; c < g->chunks; c++) {
-        work[c] = 0;
-        for (i64 i0 = qchunk_start(g, c); i0 < imin(qchunk_start(g, c + 1), g->N); i0 += PGAB_BR)
-            work[c] += a->masked ? imin(g->M, off + i0 + imin(PGAB_BR, g->N - i0)) : g->M;
-    }
-    return lpt_owns(work, g->chunks, chunk, ith, nth);
-}
-
-/* Split mode without saved statistics (PANELS): the query blocks of head (b, h) in fixed
- * chunks, each owned by one thread, which computes its blocks' statistics and backward over
- * the kept tiles, writes their dQ rows (complete: a query block meets every key block on one
- * thread) and sums dK/dV into the chunk's own partials; after a barrier dK/dV =
- * ((partial_0 + partial_1) + ...) in chunk order, written or added, split by rows.  The
- * chunks depend on the shape only, so one thread computes the same partials and sums them
- * the same way. */
-static void split_head_panels(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
-                              float *shared, i64 b, i64 h, float *dkd, float *dvd, int add, int ith, int nth,
-                              pyggml_barrier_fn barrier, void *barrier_ctx) {
-    const i64 D = g->D, Dp = g->Dp, N = g->N, M = g->M;
-    const i64 bh = b * a->H + h;
-    float *qp = tw + g->o_qp, *dop = tw + g->o_dop, *dqp = tw + g->o_dqp;
-    const size_t part = (size_t)(g->Mp * Dp);
-    float *dq = a->dq + bh * N * D;
-
-    pad_rows(qp, a->q + bh * N * D, N, D, Dp);
-    pad_rows(dop, a->d + bh * N * D, N, D, Dp);
-    for (i64 c = 0; c < g->chunks; c++) {
-        if (!owns_qchunk(a, g, c, ith, nth)) continue;
-        float *pk = shared + (size_t)(2 * c) * part, *pv = pk + part;
-        memset(pk, 0, 2 * part * sizeof(float));
-        for (i64 i0 = qchunk_start(g, c); i0 < imin(qchunk_start(g, c + 1), N); i0 += PGAB_BR) {
-            if (cancelled(a)) break;
-            const i64 br = imin(PGAB_BR, N - i0);
-            memset(dqp + i0 * Dp, 0, (size_t)(br * Dp) * sizeof(float));
-            panel_query_block(a, g, kr, tw, i0, pk, pv);
-            for (i64 i = i0; i < i0 + br; i++) memcpy(dq + i * D, dqp + i * Dp, (size_t)D * sizeof(float));
-        }
-    }
-    meet(barrier, barrier_ctx);
-    float *dk = dkd, *dv = dvd;
-    for (i64 j = M * ith / nth; j < M * (ith + 1) / nth; j++) {
-        for (i64 d = 0; d < D; d++) {
-            float sk = shared[j * Dp + d], sv = shared[part + j * Dp + d];
-            for (i64 c = 1; c < g->chunks; c++) {
-                sk += shared[(size_t)(2 * c) * part + j * Dp + d];
-                sv += shared[(size_t)(2 * c + 1) * part + j * Dp + d];
-            }
-            if (add) {
-                dk[j * D + d] += sk;
-                dv[j * D + d] += sv;
-            } else {
-                dk[j * D + d] = sk;
-                dv[j * D + d] = sv;
-            }
-        }
-    }
-    meet(barrier, barrier_ctx);              /* the shared buffers are the next head's */
-}
-
-/* split mode: every (batch, kv head) pair and every head of its group in order, each by all
- * threads together */
-static void run_split(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
-                      float *shared, int ith, int nth, pyggml_barrier_fn barrier, void *barrier_ctx) {
-    const i64 B = a->B, KVH = a->KVH, G = g->G, M = g->M, D = g->D;
-    for (i64 u = 0; u < B * KVH; u++) {
-        const i64 b = u / KVH, c = u % KVH;
-        prep_kv(a, g, tw, b, c);
-        float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
-        for (i64 gi = 0; gi < G; gi++) {
-            const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
-            if (g->panel)
-                split_head_panels(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
-            else
-                split_head(a, g, kr, tw, shared, b, h, dk, dv, gi > 0, ith, nth, barrier, barrier_ctx);
-        }
-    }
 }
 
 /* --------------------------------------- driver ------------------------------------------- */
@@ -597,16 +413,16 @@ static void run_split(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_k
 /* group mode: thread ith of nth takes the (batch, kv head) pairs u = ith, ith + nth, ...
  * and, for each, every query head of its group in order: it alone writes their dK, dV
  * and dQ rows (no reduction across threads). */
-static void run_groups(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
+void pgab_run_groups(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_kernels *kr, float *tw,
                        int ith, int nth) {
     const i64 B = a->B, KVH = a->KVH, G = g->G, M = g->M, D = g->D;
     for (i64 u = ith; u < B * KVH; u += nth) {
         const i64 b = u / KVH, c = u % KVH;
-        prep_kv(a, g, tw, b, c);
+        pgab_prep_kv(a, g, tw, b, c);
         float *dk = a->dk + u * M * D, *dv = a->dv + u * M * D;
         for (i64 gi = 0; gi < G; gi++) {
             const i64 h = a->grouping ? c * G + gi : gi * KVH + c;
-            head_pass(a, g, kr, tw, b, h, dk, dv, gi > 0);
+            pgab_head_pass(a, g, kr, tw, b, h, dk, dv, gi > 0);
         }
     }
 }
@@ -622,10 +438,10 @@ void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void 
     geom_init(&g, a, nth);
     const pgab_kernels kr = pgab_pick_kernels();
     if (g.split) {                  /* no barrier: one thread takes the heads, the others nothing */
-        if (ith == 0) run_split(a, &g, &kr, (float *)thread_work, (float *)thread_work + g.per_thread, 0, 1, NULL, NULL);
+        if (ith == 0) pgab_run_split(a, &g, &kr, (float *)thread_work, (float *)thread_work + g.per_thread, 0, 1, NULL, NULL);
         return;
     }
-    run_groups(a, &g, &kr, (float *)thread_work, ith, nth);
+    pgab_run_groups(a, &g, &kr, (float *)thread_work, ith, nth);
 }
 
 void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
@@ -634,60 +450,22 @@ void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
     geom_init(&g, a, nth);
     const pgab_kernels kr = pgab_pick_kernels();
     float *tw = (float *)work + (size_t)ith * g.per_thread;
-    const i64 B = a->B, H = a->H, KVH = a->KVH, G = g.G, M = g.M, D = g.D;
     const int head_mode = barrier != NULL && g.partial > 0;
 
     if (g.split) {
         if (barrier != NULL || nth == 1)
-            run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, ith, nth, barrier, barrier_ctx);
+            pgab_run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, ith, nth, barrier, barrier_ctx);
         else if (ith == 0)          /* no barrier: thread 0 alone, with the shared buffers */
-            run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, 0, 1, NULL, NULL);
+            pgab_run_split(a, &g, &kr, tw, (float *)work + (size_t)nth * g.per_thread, 0, 1, NULL, NULL);
         return;
     }
     if (!head_mode) {
-        run_groups(a, &g, &kr, tw, ith, nth);
+        pgab_run_groups(a, &g, &kr, tw, ith, nth);
         return;
     }
 
-    /* head mode */
     float *partial = (float *)work + (size_t)nth * g.per_thread;
-    const size_t psz = (size_t)(M * D);
-    const i64 U = B * H;
-    const i64 u0 = U * ith / nth, u1 = U * (ith + 1) / nth;
-    i64 prepared = -1;
-    for (i64 u = u0; u < u1; u++) {
-        const i64 b = u / H, h = u % H;
-        const i64 c = a->grouping ? h / G : h % KVH;
-        const i64 gi = a->grouping ? h % G : h / KVH;
-        const i64 pc = b * KVH + c;
-        if (pc != prepared) {
-            prep_kv(a, &g, tw, b, c);
-            prepared = pc;
-        }
-        float *dk, *dv;
-        if (gi == 0) {
-            dk = a->dk + pc * M * D;
-            dv = a->dv + pc * M * D;
-        } else {
-            dk = partial + (size_t)(2 * (pc * (G - 1) + gi - 1)) * psz;
-            dv = dk + psz;
-        }
-        head_pass(a, &g, &kr, tw, b, h, dk, dv, 0);
-    }
+    pgab_run_heads(a, &g, &kr, tw, partial, ith, nth);
     barrier(barrier_ctx);
-    /* fixed-order reduction, rows of all kv heads split over the threads */
-    const i64 R = B * KVH * M;
-    const i64 r0 = R * ith / nth, r1 = R * (ith + 1) / nth;
-    for (i64 r = r0; r < r1; r++) {
-        const i64 pc = r / M, j = r % M;
-        float *dk = a->dk + r * D, *dv = a->dv + r * D;
-        for (i64 gi = 1; gi < G; gi++) {
-            const float *pk = partial + (size_t)(2 * (pc * (G - 1) + gi - 1)) * psz + j * D;
-            const float *pv = pk + psz;
-            for (i64 d = 0; d < D; d++) {
-                dk[d] += pk[d];
-                dv[d] += pv[d];
-            }
-        }
-    }
+    pgab_reduce_heads(a, &g, partial, ith, nth);
 }

@@ -62,6 +62,25 @@ PYGGML_ATTN_API void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int 
 PYGGML_ATTN_API size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a);
 PYGGML_ATTN_API void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work);
 
+/* The kernel as ggml graph nodes (attn_node.c), whose threads share no barrier but meet
+ * between two nodes.  _plan says, from the shape and whether panels are on (PANELS in
+ * attn_blocked.c; the node fixes it when it is built), how: ONE node (group mode, or split
+ * mode on one thread where the statistics are recomputed without panels), or two, the
+ * second reducing what the first left in ``scratch`` (*scratch floats, after dq, dk, dv in
+ * the first node's result): SPLIT (split mode over every thread) or HEADS (head mode where
+ * the thread count allows it, else group mode).  _first runs in the first node with a
+ * thread_work of _node_work_size bytes (64-byte aligned), _second in the second.  The
+ * same bits as _run for any thread count. */
+enum { PYGGML_ATTN_NODE_ONE = 0, PYGGML_ATTN_NODE_SPLIT = 1, PYGGML_ATTN_NODE_HEADS = 2 };
+PYGGML_ATTN_API int pyggml_attn_bwd_node_plan(const pyggml_attn_bwd *a, int panels, int64_t *scratch);
+PYGGML_ATTN_API size_t pyggml_attn_bwd_node_work_size(const pyggml_attn_bwd *a, int panels, int layout);
+PYGGML_ATTN_API void pyggml_attn_bwd_node_first(const pyggml_attn_bwd *a, int panels, int layout, float *scratch,
+                                                int ith, int nth, void *thread_work);
+PYGGML_ATTN_API void pyggml_attn_bwd_node_second(const pyggml_attn_bwd *a, int panels, int layout,
+                                                 const float *scratch, int ith, int nth);
+/* Whether panels are on now (pyggml_attn_bwd_set_panels) */
+PYGGML_ATTN_API int pyggml_attn_bwd_panels(void);
+
 /* Convenience: runs n_threads threads itself with pthreads (for tests/benchmarks).
  * 0 ok, 1 invalid arguments, 2 allocation error, 3 thread creation error. */
 PYGGML_ATTN_API int pyggml_attn_bwd_compute(const pyggml_attn_bwd *a, int n_threads);

@@ -398,7 +398,7 @@ PYGGML_RT_API int pyggml_compare_graph(struct ggml_backend * b1, struct ggml_bac
                                        pyggml_graph_cmp * state);
 /* The blocked attention backward as a graph node (attn_node.c): a GGML_OP_CUSTOM node
  * over srcs q, k, v, d[, lse, o] whose F32 result packs dq, dk, dv at the float offsets
- * pyggml_attn_bwd_offsets gives (offs[3]: the result's length). Check the node first:
+ * pyggml_attn_bwd_offsets gives (offs[3]: dv's end; a scratch may follow). Check the node first:
  * fill a probe with pyggml_attn_bwd_probe and run the rules on it. */
 PYGGML_RT_API void pyggml_attn_bwd_offsets(const struct ggml_tensor * q, const struct ggml_tensor * k,
                                            int64_t offs[4]);
@@ -406,6 +406,9 @@ PYGGML_RT_API void pyggml_attn_bwd_probe(struct ggml_tensor * probe, struct ggml
                                          float scale, int masked, int grouping);
 PYGGML_RT_API struct ggml_tensor * pyggml_attn_bwd_node(struct ggml_context * ctx, struct ggml_tensor ** srcs,
                                                         int n_srcs, float scale, int masked, int grouping);
+/* how many tensors pyggml_attn_bwd_node makes (2 where its threads need to meet: it returns
+ * the second, an in-place view of the first, whose result holds a scratch after dv) */
+PYGGML_RT_API int pyggml_attn_bwd_node_count(struct ggml_tensor ** srcs, int n_srcs);
 /* a backend's threads per compute through its registry's "ggml_backend_set_n_threads"
  * (ggml's CPU and BLAS backends register one): 1 when set, 0 when it has none */
 PYGGML_RT_API int pyggml_backend_set_n_threads(struct ggml_backend * backend, int n_threads);
