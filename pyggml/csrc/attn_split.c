@@ -274,6 +274,11 @@ void pgab_reduce_heads(const pyggml_attn_bwd *a, const pgab_geom *g, const float
  * the buffers being used once).  The same float operations in the same order as _run. */
 
 /* floats of a split-mode head's region of the scratch */
+/* HEADS: the first node's thread 0 says in the scratch's first float whether its threads
+ * ran head mode (1) or group mode (0), so that the second reduces exactly when the first
+ * left partials, whatever thread count ggml gives each (the partials follow, at a cache line) */
+#define HEADS_MARK 16
+
 static size_t split_region(const pgab_geom *g) {
     return (size_t)rup(g->panel ? g->chunks * 2 * g->Mp * g->Dp : g->chunks * g->N * g->Dp, 16);
 }
@@ -289,7 +294,7 @@ int pyggml_attn_bwd_node_plan(const pyggml_attn_bwd *a, int panels, int64_t *scr
         return PYGGML_ATTN_NODE_SPLIT;
     }
     if (a->H > a->KVH && a->B * a->KVH < PGAB_SPLIT_HEADS) {
-        *scratch = 2 * a->B * (a->H - a->KVH) * a->M * a->D;
+        *scratch = HEADS_MARK + 2 * a->B * (a->H - a->KVH) * a->M * a->D;
         return PYGGML_ATTN_NODE_HEADS;
     }
     return PYGGML_ATTN_NODE_ONE;
@@ -316,8 +321,9 @@ void pyggml_attn_bwd_node_first(const pyggml_attn_bwd *a, int panels, int layout
         return;
     }
     if (layout == PYGGML_ATTN_NODE_HEADS) {
+        if (ith == 0) scratch[0] = g.partial > 0 ? 1.0f : 0.0f;
         if (g.partial > 0)
-            pgab_run_heads(a, &g, &kr, tw, scratch, ith, nth);
+            pgab_run_heads(a, &g, &kr, tw, scratch + HEADS_MARK, ith, nth);
         else
             pgab_run_groups(a, &g, &kr, tw, ith, nth);
         return;
@@ -352,7 +358,7 @@ void pyggml_attn_bwd_node_second(const pyggml_attn_bwd *a, int panels, int layou
     pgab_geom g;
     pgab_geom_init(&g, a, nth, panels);
     if (layout == PYGGML_ATTN_NODE_HEADS) {
-        if (g.partial > 0) pgab_reduce_heads(a, &g, scratch, ith, nth);
+        if (scratch[0] == 1.0f) pgab_reduce_heads(a, &g, scratch + HEADS_MARK, ith, nth);
         return;
     }
     if (layout != PYGGML_ATTN_NODE_SPLIT) return;
