@@ -364,8 +364,10 @@ def test_workers_stuck_before_any_case_are_killed_and_end_the_sweep(tmp_path):
     assert proc.returncode == 1
     lines = messages(stderr)
     assert len(lines) == 1 and "died before running a case" in lines[0], stderr
-    assert "no case started after 1 s" in lines[0]
-    assert len(log.read_text().split()) == 3 and time.monotonic() - t0 < 60
+    assert "3 parity workers in a row died" in lines[0] and "no case started after 1 s" in lines[0]
+    # three workers were started and killed; each wrote its pid if it got that far within its
+    # second (a loaded machine may kill one while Python is still starting it: CI saw 2 lines)
+    assert len(log.read_text().split()) <= 3 and time.monotonic() - t0 < 60
     assert json.loads((out / "p.json").read_text())["rows"] == []
     assert os.listdir(tmp_path / "tmp") == []
 
