@@ -29,7 +29,7 @@ from pyggml.errors import ArgumentError, GGMLTypeError, GGMLVersionError
 cnp.import_array()
 
 __all__ = ["ISAS", "WORK_PER_THREAD", "blocked_backward", "blocked_backward_node", "blocked_offsets", "default_threads",
-           "fma_peak", "set_isa"]
+           "fma_peak", "set_isa", "tile_rate"]
 
 
 cdef int _need_array(object x, str name, int ndim) except -1:
@@ -211,21 +211,48 @@ def fma_peak(isa="auto", seconds=0.3, repeat=5):
     build lacks the path (the portable path has no FMA peak of its own)."""
     if isa not in ISAS:
         raise ArgumentError(f"fma_peak: isa must be one of {', '.join(ISAS)}, not {isa!r}")
+    _need_timing("fma_peak", seconds, repeat)
+    return _rate(pyggml_attn_fma_flops, ISAS[isa], seconds, repeat)
+
+
+def tile_rate(D, seconds=0.3, repeat=5):
+    """tile_rate(D, seconds=0.3, repeat=5) -> float: GFLOP/s per CPU-second (nominal flops,
+    the median of ``repeat`` runs) of the blocked kernel's five products of one 64 x 64
+    tile step with saved statistics, head size ``D``, on buffers that stay in cache, with
+    the code path in use (:func:`set_isa`): the rate its products reach where memory does
+    not stand in their way, which the benchmarks put the whole kernel's rate against."""
+    if not isinstance(D, int) or not 1 <= D <= 1024:
+        raise ArgumentError(f"tile_rate: D must be an int in 1..1024, not {D!r}")
+    _need_timing("tile_rate", seconds, repeat)
+    rate = _rate(pyggml_attn_tile_flops, D, seconds, repeat)
+    if rate is None:
+        raise MemoryError("tile_rate: no memory for the tile's buffers")
+    return rate
+
+
+def _need_timing(name, seconds, repeat):
     if not (seconds > 0 and repeat >= 1):
-        raise ArgumentError(f"fma_peak: seconds must be > 0 and repeat >= 1, not {seconds!r}, {repeat!r}")
-    cdef int path = ISAS[isa]
-    cdef long iters = 1 << 12
+        raise ArgumentError(f"{name}: seconds must be > 0 and repeat >= 1, not {seconds!r}, {repeat!r}")
+
+
+ctypedef double (*flops_fn)(int, long) noexcept nogil
+
+
+cdef object _rate(flops_fn fn, int arg, double seconds, int repeat):
+    """GFLOP/s of fn(arg, iters) per CPU-second of this thread, the median of ``repeat``
+    runs of about seconds / repeat each; None where fn says -1 (no such path)."""
+    cdef long iters = 1
     cdef double flops
     cdef double t0
     with nogil:
-        flops = pyggml_attn_fma_flops(path, 1)
+        flops = fn(arg, 1)
     if flops < 0:
         return None
     per_run = seconds / repeat
     while True:                     # calibrate: a run of at least per_run CPU-seconds
         t0 = time.thread_time()
         with nogil:
-            flops = pyggml_attn_fma_flops(path, iters)
+            flops = fn(arg, iters)
         dt = time.thread_time() - t0
         if dt >= per_run or iters > (1 << 40):
             break
@@ -234,7 +261,7 @@ def fma_peak(isa="auto", seconds=0.3, repeat=5):
     for _ in range(repeat):
         t0 = time.thread_time()
         with nogil:
-            flops = pyggml_attn_fma_flops(path, iters)
+            flops = fn(arg, iters)
         rates.append(flops / max(time.thread_time() - t0, 1e-9) / 1e9)
     return float(statistics.median(rates))
 

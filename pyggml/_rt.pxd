@@ -157,6 +157,7 @@ cdef extern from "attn_blocked.h" nogil:
     int pyggml_attn_bwd_set_panels(int on)
     int pyggml_attn_bwd_set_start_elsewhere(int on)
     double pyggml_attn_fma_flops(int isa, long iters)
+    double pyggml_attn_tile_flops(int D, long iters)
 
 cdef extern from "pyggml_rt.h" nogil:
     void pyggml_attn_bwd_offsets(const ggml_tensor * q, const ggml_tensor * k, int64_t * offs)

@@ -18,7 +18,9 @@ model (family and model numbers: "AMD EPYC" alone does not tell Zen 3 from Zen 5
 path of the blocked kernel (``--isa``: AVX-512 or AVX2+FMA), one core's FMA peak *measured*
 on that path (a micro-kernel of independent fused multiply-adds, ``pyggml._attn.fma_peak``:
 not the nominal clock times lanes, which misleads where the clock boosts or AVX-512 is
-split in halves), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
+split in halves), the rate of the kernel's own five tile products on buffers that stay in
+cache (``pyggml._attn.tile_rate``: what its products reach where memory does not stand in
+their way; ``lse/tile`` is the whole kernel's rate with saved statistics against it), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
 library and the kernel it chose (threadpoolctl, where installed), the ratios to both, the
 extra memory each kernel allocates while it runs (one thread; Linux's peak-RSS counter),
 and the exponent of cost growth in N. With 1 and more threads in ``--threads``, the wall-time
@@ -289,6 +291,7 @@ def main() -> int:
     isa = _attn.set_isa(args.isa)
     _attn._set_start_elsewhere(not args.threads_start_anywhere)
     sgemm, peak = sgemm_rate(), _attn.fma_peak(isa if isa != "portable" else "auto")
+    tile = {D: _attn.tile_rate(D) for D in Ds}
     info = pyggml.build_info()
     print("$ " + " ".join(["python"] + sys.argv))
     print(f"CPU: {cpu_model()}, {usable_cores()} usable core(s), load average {os.getloadavg()[0]:.2f}")
@@ -298,9 +301,12 @@ def main() -> int:
           f"{f'{peak:.1f} GFLOP/s per core' if peak else 'none (no FMA path)'}; its helper threads start "
           f"{'where the scheduler puts them' if args.threads_start_anywhere else 'on the CPUs other than the caller'}")
     print(f"numpy SGEMM (1 thread, 1024^3): {sgemm:.1f} GFLOP/s ({blas_info()})")
+    print("the blocked kernel's five tile products in cache (_attn.tile_rate): " +
+          ", ".join(f"D={D} {r:.1f} GFLOP/s" + (f" ({r / peak * 100:.0f}% of the peak)" if peak else "")
+                    for D, r in tile.items()))
     head = (f"{'D':>4} {'N=M':>5} {'H':>2} {'mask':>4} {'thr':>3} | " +
             " ".join(f"{k:>11}" for k in kernels) +
-            f" | {'blk/ggml':>8} {'blk/torch':>9} {'lse/torch':>9} {'lse/sgemm':>9} {'lse/peak':>8}"
+            f" | {'blk/ggml':>8} {'blk/torch':>9} {'lse/torch':>9} {'lse/sgemm':>9} {'lse/tile':>8} {'lse/peak':>8}"
             f" | {'MB ggml':>7} {'MB blk':>7}")
     print("GFLOP/s per CPU-second (nominal flops):")
     print(head)
@@ -335,6 +341,7 @@ def main() -> int:
                            "blocked_over_torch": paired(sc["torch"], sc["blocked"]) if "torch" in sc else None,
                            "lse_over_torch": paired(sc["torch"], sc["blocked+lse"]) if "torch" in sc else None,
                            "lse_over_sgemm": rate["blocked+lse"] / sgemm,
+                           "lse_over_tile": rate["blocked+lse"] / tile[D],
                            "lse_over_peak": rate["blocked+lse"] / peak if peak else None}
                     if threads != 1 and 1 in threads_list:
                         row["gain_over_1_thread"] = {k: paired(samples[(k, 1)][1], samples[(k, threads)][1])
@@ -347,6 +354,7 @@ def main() -> int:
                     print(f"{D:4d} {N:5d} {H:2d} {'yes' if masked else 'no':>4} {threads:3d} | {cells} | "
                           f"{x(row['blocked_over_ggml'], 8)} {x(row['blocked_over_torch'], 9)} "
                           f"{x(row['lse_over_torch'], 9)} {x(row['lse_over_sgemm'], 9)} "
+                          f"{row['lse_over_tile'] * 100:7.0f}% "
                           f"{row['lse_over_peak'] * 100 if peak else 0:7.0f}% | "
                           f"{mb(mem.get('ggml'))} {mb(mem.get('blocked'))}", flush=True)
                 run.close()
@@ -386,6 +394,8 @@ def main() -> int:
                                               if r["masked"] and r["lse_over_torch"]), default=None),
             "lse_over_sgemm_min_1thread": min((r["lse_over_sgemm"] for r in big if r["threads"] == 1),
                                               default=None),
+            "blocked_lse_over_tile_max_1thread": max((r["lse_over_tile"] for r in big if r["threads"] == 1),
+                                                     default=None),
             "blocked_lse_over_peak_max_1thread": (max(r["gflops"]["blocked+lse"] for r in big if r["threads"] == 1)
                                                   / peak if peak else None),
         }
@@ -394,7 +404,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"command": sys.argv, "cpu": cpu_model(), "isa": isa, "blas": blas_info(),
                        "threads_start_anywhere": args.threads_start_anywhere,
-                       "sgemm_gflops": sgemm, "fma_peak_gflops": peak, "rows": rows, "summary": summary}, f,
+                       "sgemm_gflops": sgemm, "fma_peak_gflops": peak, "tile_gflops": tile, "rows": rows, "summary": summary}, f,
                       indent=1)
     return 0
 

@@ -72,6 +72,25 @@ def test_the_fma_peak_is_measured_on_each_path_the_cpu_has():
         _attn.fma_peak("auto", seconds=0)
 
 
+def test_the_tile_rate_is_measured_on_the_path_in_use():
+    """pyggml._attn.tile_rate: the kernel's five products of one tile step, in cache (the
+    ceiling the benchmark puts the whole kernel against): a rate between 0.1 GFLOP/s and
+    what 2 FMA pipes of 16 lanes could do at 6 GHz (a wrong flop count per step falls
+    outside), on every path; bad arguments named."""
+    try:
+        for name in ("portable", "avx2", "avx512"):
+            _attn.set_isa(name)
+            for D in (8, 64, 100):
+                assert 0.1 < _attn.tile_rate(D, seconds=0.02, repeat=2) < 2 * 2 * 16 * 6.0, (name, D)
+    finally:
+        _attn.set_isa("auto")
+    for bad in (0, 1025, 64.0, "64"):
+        with pytest.raises(ArgumentError, match="tile_rate: D"):
+            _attn.tile_rate(bad)
+    with pytest.raises(ArgumentError, match="tile_rate: seconds"):
+        _attn.tile_rate(64, repeat=0)
+
+
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("H, KVH, mapping", HEADS)
 @pytest.mark.parametrize("N, M", NM)

@@ -565,26 +565,29 @@ def test_an_upstream_tree_that_moved_on_is_not_patched(ggml_copy, tmp_path):
 
 def test_the_attention_benchmark_measures_every_kernel_side_by_side(tmp_path):
     """A smoke run of scripts/bench_flash_attn_back.py (no timing is asserted: rates on a
-    shared machine are the script's output, not a test's): every kernel measured, the
-    ratios computed from the same run, the memory measured."""
+    shared machine are the script's output, not a test's): every kernel measured (the
+    graph node too, --node), the ratios computed from the same run, the memory measured."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_flash_attn_back.py"), "--quick",
-                           "--repeat", "2", "--threads", "1", "--json", str(out)],
+                           "--repeat", "2", "--threads", "1", "--node", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["sgemm_gflops"] > 0 and len(doc["rows"]) == 4       # N 256, 512 x masked or not
     assert doc["cpu"] and doc["blas"] and doc["command"][-2:] == ["--json", str(out)]
     assert doc["isa"] == _attn.set_isa("auto")                       # the kernel's path, named
+    assert doc["tile_gflops"]["64"] > 0     # its tile products in cache, and each row's share of that
+    for r in doc["rows"]:
+        assert r["lse_over_tile"] == pytest.approx(r["gflops"]["blocked+lse"] / doc["tile_gflops"]["64"])
     if doc["isa"] != "portable":    # the measured peak, and each row's share of it from the same run
         assert doc["fma_peak_gflops"] > 0
         for r in doc["rows"]:
             assert r["lse_over_peak"] == pytest.approx(r["gflops"]["blocked+lse"] / doc["fma_peak_gflops"])
     for r in doc["rows"]:
-        assert {"ggml", "blocked", "blocked+lse", "float64"} <= set(r["gflops"])
+        assert {"ggml", "blocked", "blocked+lse", "float64", "node"} <= set(r["gflops"])
         assert all(v > 0 for v in r["gflops"].values())
         rounds = r["cpu_rounds"]        # the kernels alternated: one time each per round
-        assert len(rounds["ggml"]) == len(rounds["blocked"]) == 2
+        assert len(rounds["ggml"]) == len(rounds["blocked"]) == len(rounds["node"]) == 2
         assert r["blocked_over_ggml"] == pytest.approx(
             statistics.median(g / b for g, b in zip(rounds["ggml"], rounds["blocked"])))
         assert r["cpu_s"]["blocked"] == pytest.approx(statistics.median(rounds["blocked"]))

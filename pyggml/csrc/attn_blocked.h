@@ -111,6 +111,13 @@ PYGGML_ATTN_API int pyggml_attn_bwd_set_start_elsewhere(int on);
  * lacks the path. The caller times it (its thread's CPU time). */
 PYGGML_ATTN_API double pyggml_attn_fma_flops(int isa, long iters);
 
+/* Benchmark hook: runs the five products of one 64 x 64 tile step of the backward with
+ * saved statistics (head size D) ``iters`` times on buffers of its own, in cache, with the
+ * kernels in use, and returns the nominal flops done (10 Br Bc D a step), or -1 (D outside
+ * 1..1024, iters < 0, no memory). The caller times it: the rate of the kernel's products
+ * where memory does not stand in their way. */
+PYGGML_ATTN_API double pyggml_attn_tile_flops(int D, long iters);
+
 #ifdef __cplusplus
 }
 #endif

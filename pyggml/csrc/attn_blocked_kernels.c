@@ -5,6 +5,7 @@
 #include "attn_blocked_kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -566,4 +567,33 @@ double pyggml_attn_fma_flops(int isa, long iters) {
     if (isa == 2 && cpu_has_avx2()) return fma_loop_avx2(iters);
 #endif
     return -1.0;
+}
+
+/* The five products of one tile step of the backward with saved statistics (S = Q KT,
+ * dP = dO VT, dV += P^T dO, dK += dS^T Q, dQ += dS K: key_block's calls, one 64 x 64 tile,
+ * head size D), ``iters`` times on buffers of its own (about 100 KB at D = 128: L1 and L2),
+ * with the kernels in use. Returns the nominal flops done (10 Br Bc D a step, as the
+ * benchmarks count them), or -1 (D outside 1..1024, iters < 0, no memory). */
+static volatile float g_tile_sink;
+
+double pyggml_attn_tile_flops(int D, long iters) {
+    if (D < 1 || D > 1024 || iters < 0) return -1.0;
+    const i64 Dp = rup(D, 8), br = PGAB_BR, bc = PGAB_BC;
+    const i64 o_dop = br * Dp, o_kt = 2 * br * Dp, o_vt = o_kt + D * bc, o_kp = o_vt + D * bc;
+    const i64 o_s = o_kp + bc * Dp, o_dp = o_s + br * bc, o_dka = o_dp + br * bc, o_dva = o_dka + bc * Dp;
+    const i64 o_dqp = o_dva + bc * Dp, total = o_dqp + br * Dp;
+    float *buf = aligned_alloc(64, (size_t)rup(total * (i64)sizeof(float), 64));
+    if (buf == NULL) return -1.0;
+    for (i64 i = 0; i < total; i++) buf[i] = 0.01f * (float)(1 + i % 7);
+    const pgab_kernels kr = pgab_pick_kernels();
+    for (long it = 0; it < iters; it++) {
+        kr.gemm(br, bc, D, buf, Dp, 1, buf + o_kt, bc, buf + o_s, bc, 0);
+        kr.gemm(br, bc, D, buf + o_dop, Dp, 1, buf + o_vt, bc, buf + o_dp, bc, 0);
+        kr.gemm(bc, Dp, br, buf + o_s, 1, bc, buf + o_dop, Dp, buf + o_dva, Dp, 1);
+        kr.gemm(bc, Dp, br, buf + o_dp, 1, bc, buf, Dp, buf + o_dka, Dp, 1);
+        kr.gemm(br, Dp, bc, buf + o_dp, bc, 1, buf + o_kp, Dp, buf + o_dqp, Dp, 1);
+    }
+    g_tile_sink = buf[o_dqp] + buf[o_dka] + buf[o_dva];
+    free(buf);
+    return 10.0 * (double)(br * bc) * D * (double)iters;
 }
