@@ -20,10 +20,13 @@ on that path (a micro-kernel of independent fused multiply-adds, ``pyggml._attn.
 not the nominal clock times lanes, which misleads where the clock boosts or AVX-512 is
 split in halves), the rate of the kernel's own five tile products on buffers that stay in
 cache (``pyggml._attn.tile_rate``: what its products reach where memory does not stand in
-their way; ``lse/tile`` is the whole kernel's rate with saved statistics against it), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
+their way), the single-core SGEMM rate of numpy's BLAS (1024^3, float32) with the
 library and the kernel it chose (threadpoolctl, where installed), the ratios to both, the
 extra memory each kernel allocates while it runs (one thread; Linux's peak-RSS counter),
-and the exponent of cost growth in N. With 1 and more threads in ``--threads``, the wall-time
+and the exponent of cost growth in N. A row's ``lse/tile`` and ``lse/peak`` put the kernel's
+rate with saved statistics against the tile products' rate and the FMA peak measured at the
+start of each of its rounds (the median of the per-round ratios): this machine's speed may
+change between the start of a run and a row. With 1 and more threads in ``--threads``, the wall-time
 gain of each thread count over 1 (``--heads 1``: one head, the case the blocked kernel splits
 over key or query chunks).
 
@@ -78,9 +81,12 @@ def timed(fn):
 SETTLE_S = 0.03
 
 
-def alternated(fns, repeat, settle=SETTLE_S):
+def alternated(fns, repeat, settle=SETTLE_S, probes=None):
     """{(system, threads): ([CPU seconds per round], [wall seconds per round])} of the
-    functions in ``fns`` ({(system, threads): fn}). Each round runs every system in turn,
+    functions in ``fns`` ({(system, threads): fn}), and {name: [value per round]} of the
+    ``probes`` ({name: fn() -> value}, each called once at the start of every round: the
+    ceilings a row's rates are put against, measured in the same rounds, since this
+    machine's speed may change between the start of a run and a row). Each round runs every system in turn,
     the order rotated by one every round, so that a change in the machine's speed during
     the run hits all of them alike. Between two systems, a pause of ``settle`` seconds and
     as long of untimed runs of the next at its last thread count: the OpenMP threads of the
@@ -93,7 +99,10 @@ def alternated(fns, repeat, settle=SETTLE_S):
     for f in fns.values():
         f()
     out = {n: ([], []) for n in fns}
+    probed = {name: [] for name in (probes or {})}
     for r in range(repeat):
+        for name, probe in (probes or {}).items():
+            probed[name].append(probe())
         for k in systems[r % len(systems):] + systems[:r % len(systems)]:
             mine = [n for n in fns if n[0] == k]
             time.sleep(settle)
@@ -106,12 +115,18 @@ def alternated(fns, repeat, settle=SETTLE_S):
                 c, w = timed(fns[n])
                 out[n][0].append(c)
                 out[n][1].append(w)
-    return out
+    return out, probed
 
 
 def paired(a, b):
     """The median of the per-round ratios a[i] / b[i]."""
     return statistics.median(x / y for x, y in zip(a, b))
+
+
+def per_round(flops, seconds, ceilings):
+    """The median over rounds of a kernel's rate (flops / seconds, GFLOP/s) over the
+    ceiling measured in the same round."""
+    return statistics.median(flops / t / 1e9 / c for t, c in zip(seconds, ceilings))
 
 
 def cpu_median(fn, repeat):
@@ -323,8 +338,11 @@ def main() -> int:
                     mem = {k: extra_memory(run.fn(k, 1)) for k in ("ggml", "blocked")}
                 # every kernel at every thread count, alternating round by round (the
                 # float64 reference, slow, once on its own)
-                samples = alternated({(k, t): run.fn(k, t) for t in threads_list for k in kernels
-                                      if k != "float64"}, args.repeat)
+                probes = {"tile": lambda: _attn.tile_rate(D, 0.03, 1)}
+                if peak:
+                    probes["peak"] = lambda: _attn.fma_peak(isa, 0.03, 1)
+                samples, probed = alternated({(k, t): run.fn(k, t) for t in threads_list for k in kernels
+                                              if k != "float64"}, args.repeat, probes=probes)
                 ref = (timed(run.fn("float64", 1)) if "float64" in kernels and N <= args.reference_max_n
                        else None)
                 for threads in threads_list:
@@ -334,15 +352,18 @@ def main() -> int:
                     if ref is not None:
                         cpu["float64"], wall["float64"] = ref
                     rate = {k: flops / t / 1e9 for k, t in cpu.items()}
-                    row = {"D": D, "N": N, "M": N, "H": H, "masked": masked, "threads": threads, "cpu_s": cpu,
+                    row = {"D": D, "N": N, "M": N, "H": H, "masked": masked, "threads": threads, "flops": flops,
+                           "cpu_s": cpu,
                            "wall_s": wall, "cpu_rounds": sc,
                            "gflops": rate, "extra_bytes": mem,
                            "blocked_over_ggml": paired(sc["ggml"], sc["blocked"]),
                            "blocked_over_torch": paired(sc["torch"], sc["blocked"]) if "torch" in sc else None,
                            "lse_over_torch": paired(sc["torch"], sc["blocked+lse"]) if "torch" in sc else None,
                            "lse_over_sgemm": rate["blocked+lse"] / sgemm,
-                           "lse_over_tile": rate["blocked+lse"] / tile[D],
-                           "lse_over_peak": rate["blocked+lse"] / peak if peak else None}
+                           # the kernel's rate in a round over the ceiling measured in that round
+                           "lse_over_tile": per_round(flops, sc["blocked+lse"], probed["tile"]),
+                           "tile_rounds": probed["tile"], "peak_rounds": probed.get("peak"),
+                           "lse_over_peak": per_round(flops, sc["blocked+lse"], probed["peak"]) if peak else None}
                     if threads != 1 and 1 in threads_list:
                         row["gain_over_1_thread"] = {k: paired(samples[(k, 1)][1], samples[(k, threads)][1])
                                                      for k in ("blocked", "blocked+lse", "ggml", "node")
@@ -396,8 +417,8 @@ def main() -> int:
                                               default=None),
             "blocked_lse_over_tile_max_1thread": max((r["lse_over_tile"] for r in big if r["threads"] == 1),
                                                      default=None),
-            "blocked_lse_over_peak_max_1thread": (max(r["gflops"]["blocked+lse"] for r in big if r["threads"] == 1)
-                                                  / peak if peak else None),
+            "blocked_lse_over_peak_max_1thread": max((r["lse_over_peak"] for r in big
+                                                      if r["threads"] == 1 and r["lse_over_peak"]), default=None),
         }
         print("\nN >= 1024: " + "; ".join(f"{k} {v:.2f}" for k, v in summary.items() if v is not None))
     if args.json:
