@@ -571,7 +571,8 @@ double pyggml_attn_fma_flops(int isa, long iters) {
 
 /* The five products of one tile step of the backward with saved statistics (S = Q KT,
  * dP = dO VT, dV += P^T dO, dK += dS^T Q, dQ += dS K: key_block's calls, one 64 x 64 tile,
- * head size D), ``iters`` times on buffers of its own (about 100 KB at D = 128: L1 and L2),
+ * head size D), ``iters`` times on buffers of its own (288 KB at D = 128, 160 KB at D = 64:
+ * in L2, the two 64 x 64 tiles in L1),
  * with the kernels in use. Returns the nominal flops done (10 Br Bc D a step, as the
  * benchmarks count them), or -1 (D outside 1..1024, iters < 0, no memory). */
 static volatile float g_tile_sink;
