@@ -61,7 +61,7 @@
  *       same partials and sums them the same way.  dK/dV of a key block are its owner's alone.
  *       Without saved statistics (PANELS) the chunks are of query blocks instead, and the
  *       partials those of dK/dV (split_head_panels).
- *       Without a barrier (pyggml_attn_bwd_run_alone) one thread does it all, the same way.
+ *       Without a barrier (a graph node of one part) one thread does it all, the same way.
  *     - the graph node (attn_node.c), whose threads have no barrier but meet between two
  *       nodes, runs split mode, and head mode where it has fewer than 4 (b, kv head) pairs,
  *       as two nodes: the first does what the threads do before their barrier, the second
@@ -425,23 +425,6 @@ void pgab_run_groups(const pyggml_attn_bwd *a, const pgab_geom *g, const pgab_ke
             pgab_head_pass(a, g, kr, tw, b, h, dk, dv, gi > 0);
         }
     }
-}
-
-size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a) {
-    pgab_geom g;
-    geom_init(&g, a, 1);
-    return (g.per_thread + g.shared) * sizeof(float) + 64;
-}
-
-void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work) {
-    pgab_geom g;
-    geom_init(&g, a, nth);
-    const pgab_kernels kr = pgab_pick_kernels();
-    if (g.split) {                  /* no barrier: one thread takes the heads, the others nothing */
-        if (ith == 0) pgab_run_split(a, &g, &kr, (float *)thread_work, (float *)thread_work + g.per_thread, 0, 1, NULL, NULL);
-        return;
-    }
-    pgab_run_groups(a, &g, &kr, (float *)thread_work, ith, nth);
 }
 
 void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,

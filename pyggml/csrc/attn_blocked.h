@@ -56,12 +56,6 @@ PYGGML_ATTN_API size_t pyggml_attn_bwd_work_size(const pyggml_attn_bwd *a, int n
 PYGGML_ATTN_API void pyggml_attn_bwd_run(const pyggml_attn_bwd *a, int ith, int nth, void *work,
                          pyggml_barrier_fn barrier, void *barrier_ctx);
 
-/* The same as _run with barrier NULL, for callers that give each thread its own scratch
- * (a ggml custom op's threads, which share no buffer): ``thread_work`` is this thread's,
- * of pyggml_attn_bwd_thread_work_size(a) bytes, 64-byte aligned. */
-PYGGML_ATTN_API size_t pyggml_attn_bwd_thread_work_size(const pyggml_attn_bwd *a);
-PYGGML_ATTN_API void pyggml_attn_bwd_run_alone(const pyggml_attn_bwd *a, int ith, int nth, void *thread_work);
-
 /* The kernel as ggml graph nodes (attn_node.c), whose threads share no barrier but meet
  * between two nodes.  _plan says, from the shape and whether panels are on (PANELS in
  * attn_blocked.c; the node fixes it when it is built), how: ONE node (group mode, or split
