@@ -67,6 +67,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -585,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--html", metavar="PATH", help="write the matrix as a self-contained HTML report")
     ap.add_argument("--workdir", type=Path, default=ROOT / "build" / "ci-upstream",
                     help="where the environments, builds and logs go")
-    ap.add_argument("--pytest-args", default="", help="extra arguments for pytest (one string)")
+    ap.add_argument("--pytest-args", default="", help="extra arguments for pytest (one string, split as a shell splits it: "
+                         "-m 'not tooling' is two arguments)")
     ap.add_argument("--reuse", action="append", default=[], metavar="vendored=PYTHON",
                     help="run the vendored spec on the pyggml installed for interpreter PYTHON instead of "
                          "building it again (refused unless it is the plain vendored build of this checkout)")
@@ -674,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         reused = reuse.get(normalise_spec(spec))
         try:
             more = {"upstream_tests": True} if normalise_spec(spec) in upstream_tests else {}
-            row = run_spec(spec, args.workdir, args.pytest_args.split(), args.quick_parity, reused,
+            row = run_spec(spec, args.workdir, shlex.split(args.pytest_args), args.quick_parity, reused,
                            args.reuse_results.absolute() if reused and args.reuse_results else None, **more)
         except Exception as e:         # the spec fails; the report and the later specs still come
             row = {**empty_row(spec, args.workdir / spec_dirname(spec) / "log.txt"),

@@ -14,6 +14,7 @@ report.
     python scripts/sanitize.py                     # build, then the default test subset
     python scripts/sanitize.py --tests tests/test_ops.py tests/test_graph.py
     python scripts/sanitize.py --no-build          # rerun the tests on the last build
+    python scripts/sanitize.py --no-test           # the build only (CI builds it in the background)
     python scripts/sanitize.py -j 2                # the tests in two pytest-xdist workers
 
 Exits non-zero if the build fails or any test (or sanitizer) fails.
@@ -113,16 +114,22 @@ def main() -> int:
     ap.add_argument("--venv", type=Path, default=ROOT / "build" / "sanitize-venv")
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "sanitize")
     ap.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
-    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--no-build", action="store_true", help="run the tests on the last build")
+    ap.add_argument("--no-test", action="store_true", help="build only")
     ap.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                     help="run the tests in N pytest-xdist workers (default 1: one process)")
     args = ap.parse_args()
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise SystemExit("sanitize: no C compiler")
+    if args.no_build and args.no_test:
+        ap.error("--no-build and --no-test leave nothing to do")
     t0 = time.perf_counter()
     if not args.no_build:
         build(args.venv, args.build_dir)
+    if args.no_test:
+        print(f"sanitize: built in {time.perf_counter() - t0:.0f} s")
+        return 0
     rc = test(args.venv, args.tests, cc, args.jobs)
     print(f"sanitize: {'clean' if rc == 0 else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
     return rc

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CMAKE = shutil.which("cmake")
-pytestmark = pytest.mark.skipif(CMAKE is None, reason="needs cmake on PATH")
+pytestmark = [pytest.mark.tooling, pytest.mark.skipif(CMAKE is None, reason="needs cmake on PATH")]
 
 
 def run_script(tmp_path, body):

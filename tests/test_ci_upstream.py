@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from sources import load_script, lock_source
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -182,6 +184,19 @@ def test_main_runs_each_spec_once(trees, tmp_path, monkeypatch, capsys):
         ci.main(["--ggml", "vendored", "--ggml", "pypi:libggml-python==0.17.0+blas", "--workdir",
                  str(tmp_path / "w")])
     assert ran == []
+
+
+def test_pytest_args_are_split_as_a_shell_splits_them(tmp_path, monkeypatch):
+    got = []
+
+    def fake_run_spec(spec, workdir, pytest_args, quick_parity=False, reuse=None, results=None):
+        got.append(pytest_args)
+        return ci.empty_row(spec, workdir / ci.spec_dirname(spec) / "log.txt")
+    monkeypatch.setattr(ci, "run_spec", fake_run_spec)
+    ci.main(["--ggml", "vendored", "--workdir", str(tmp_path / "w"),
+             "--pytest-args", "-n 2 -m 'not tooling' --durations=15"])
+    # (.ci/run's: the marker expression is one argument, not "'not" and "tooling'")
+    assert got == [["-n", "2", "-m", "not tooling", "--durations=15"]]
 
 
 # --- a step that hangs: its whole process group killed, the matrix goes on -------------------

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from sources import load_source
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 pytest.importorskip("Cython")
 ROOT = Path(__file__).resolve().parent.parent
 cythonize = load_source("pyggml/_cythonize.py", "_cythonize")

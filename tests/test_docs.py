@@ -15,6 +15,8 @@ from pyggml import _optable
 from pyggml.opinfo import registry
 from sources import load_script
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 docs = load_script("build_docs", "build_docs_under_test")
 ROWS = {r["name"]: r for r in _optable.OPS}
 

@@ -20,6 +20,8 @@ from pyggml.__main__ import main as pyggml_main
 from pyggml.parity import report, subjects
 from pyggml.parity.model import Case, Outcome, Row, Subject
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 PY = sys.executable
 PROGRESS = re.compile(r"^parity: \d+/\d+ cases \(\d+%\), \d+ s$")   # the non-tty progress line
 

@@ -13,6 +13,8 @@ import pytest
 from pyggml.parity import html as phtml
 from pyggml.parity.model import Row
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 EVIL = "<script>alert('x')</script> & \"quoted\""
 REPRO = "import pyggml\nx = soft_max(a) if n < 3 & m > 2 else None  # " + EVIL + "\n"
 

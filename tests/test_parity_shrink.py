@@ -17,6 +17,8 @@ from pyggml import Type
 from pyggml.opinfo import Arg, registry
 from pyggml.parity import shrink
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 

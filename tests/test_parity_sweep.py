@@ -16,6 +16,8 @@ from pyggml.parity import report, runner, store
 from pyggml.parity.model import compare_outputs
 from sources import built_from_the_pin, load_script
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 PY = sys.executable
 
 

@@ -17,6 +17,8 @@ from pyggml import _attn
 from pyggml._machine import cpu_model
 from sources import load_script, load_source
 
+pytestmark = pytest.mark.tooling      # (pyproject.toml: what the upstream matrix runs once)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -738,3 +740,10 @@ def test_the_parity_sweep_benchmark_runs_both_proof_modes_side_by_side():
     walls = {ln.split()[0]: float(ln.split()[2]) for ln in lines[1:3]}
     assert set(walls) == {"fork", "in-process"} and all(w > 0 for w in walls.values())
     assert lines[3].strip().startswith("in-process / fork: wall ")
+
+
+def test_the_sanitizer_script_refuses_to_do_nothing():
+    # (.ci/run builds with --no-test in the background, then tests with --no-build)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize.py"), "--no-build", "--no-test"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--no-build and --no-test leave nothing to do" in proc.stderr
