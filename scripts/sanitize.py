@@ -119,11 +119,11 @@ def main() -> int:
     ap.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                     help="run the tests in N pytest-xdist workers (default 1: one process)")
     args = ap.parse_args()
+    if args.no_build and args.no_test:
+        ap.error("--no-build and --no-test leave nothing to do")
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise SystemExit("sanitize: no C compiler")
-    if args.no_build and args.no_test:
-        ap.error("--no-build and --no-test leave nothing to do")
     t0 = time.perf_counter()
     if not args.no_build:
         build(args.venv, args.build_dir)

@@ -3,6 +3,7 @@
 import hashlib
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -743,7 +744,8 @@ def test_the_parity_sweep_benchmark_runs_both_proof_modes_side_by_side():
 
 
 def test_the_sanitizer_script_refuses_to_do_nothing():
-    # (.ci/run builds with --no-test in the background, then tests with --no-build)
+    # (.ci/run builds with --no-test in the background, then tests with --no-build); the
+    # refusal comes first, even where no C compiler is on PATH
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize.py"), "--no-build", "--no-test"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**os.environ, "PATH": ""})
     assert proc.returncode == 2 and "--no-build and --no-test leave nothing to do" in proc.stderr
