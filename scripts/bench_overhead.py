@@ -217,6 +217,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=20000, help="calls per large round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--alternations", type=int, default=3)
+    ap.add_argument("--json", help="write the figures (microseconds per call) and the ratios here too")
     args = ap.parse_args()
 
     has_peer = subprocess.run([args.peer_python, "-c", "import ggml.utils"], cwd=tempfile.gettempdir(),
@@ -266,6 +267,14 @@ def main() -> int:
                   f"pyggml/C there: {mine[f'cycle@{n}'] / mine[k]:.2f}x")
     k = f"shape@{args.small}"
     print(f"Tensor.shape / Tensor.ne: {mine[k] / mine[f'ne@{args.small}']:.2f}x")
+    if args.json:
+        ratios = {f"{key}@{n}": mine[f"{key}@{n}"] / cres[f"{key}@{n}"] for n in (args.small, args.n)
+                  for key, _ in rows if f"{key}@{n}" in mine and f"{key}@{n}" in cres}
+        ratios.update({f"cycle_in_process@{n}": mine[f"cycle@{n}"] / mine[f"cycle_c@{n}"]
+                       for n in (args.small, args.n) if f"cycle_c@{n}" in mine})
+        with open(args.json, "w") as f:
+            json.dump({"command": sys.argv, "cpu": cpu_model(), "pyggml_us": mine, "c_us": cres, "peer_us": peer,
+                       "pyggml_over_c": ratios}, f, indent=1)
     if not has_peer:
         print(f"(ggml-python is not importable from {args.peer_python}; "
               "install ggml-python==0.0.45 there to compare)")
