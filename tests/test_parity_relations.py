@@ -210,3 +210,31 @@ def test_a_graph_copy_to_iq4_nl_is_less_accurate_than_ggml_quantize_chunk():
         copied = pyggml.dequantize(Type.IQ4_NL, np.array(c.blocks()), x.shape)
     err = [float(np.sum((y - x) ** 2) / np.sum(x ** 2)) for y in (chunk, copied)]
     assert err[0] < err[1] < 1.2 * err[0]
+
+
+def test_on_more_threads_a_batch_is_its_items_within_the_threads_bound_where_the_batch_changes_the_split(
+        monkeypatch):
+    """On more than one thread, ggml splits flash_attn_ext's keys over the threads only where
+    the query is one row of one item (ops.cpp: the split-KV path, neq1 == 1 and neq3 == 1):
+    an item alone takes it, the batch of three does not, and the sums differ in order. The
+    batch relation takes the threads relation's bound there and stays bit for bit on one
+    thread. (Found by a sweep with --threads 2, scripts/bench_targets.py: on ggml 0.25.3 a
+    fail row, max |diff| 2.8e-7; CI's sweeps run on one thread.)"""
+    cases = [c for c in parity.select(["flash_attn_ext"], ["F32"], False, 0, False)
+             if c.label == "F32 split-KV path: 512 keys"]
+    assert len(cases) == 1
+    paths = ["batched", "per-item"]
+    one, = parity.check_case(cases[0], paths, probe=False, n_threads=1)[0]
+    two, = parity.check_case(cases[0], paths, probe=False, n_threads=2)[0]
+    assert one.verdict in FINE and one.tol == 0.0
+    assert two.verdict in FINE and two.tol == relations.threads_tolerance("flash_attn_ext", "F32") == 1e-10
+    # exact elsewhere, whatever the count: ops whose kernels give each element to one thread
+    mm = next(c for c in parity.select(["mul_mat"], ["F32"], False, 0, False) if c.label.startswith("F32"))
+    rows, _ = parity.check_case(mm, paths, probe=False, n_threads=2)
+    assert rows and all(r.tol == 0.0 and r.verdict == "ok" for r in rows)
+    if not built_from_the_pin() or two.verdict != "ok":
+        return
+    assert two.max_abs > 0          # the split is what differs: without the bound, a fail row
+    monkeypatch.setattr(relations, "NOT_BITWISE_ACROSS_THREADS", {})
+    again, = parity.check_case(cases[0], paths, probe=False, n_threads=2)[0]
+    assert again.verdict == "fail" and again.tol == 0.0

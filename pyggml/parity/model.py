@@ -109,7 +109,7 @@ class Subject:
     def compute(self, case: Case, path: str, n_threads: int = 1) -> Outcome:
         raise NotImplementedError
 
-    def tolerance(self, case: Case, a: str, b: str) -> float:
+    def tolerance(self, case: Case, a: str, b: str, n_threads: int = 1) -> float:
         return 1e-7 if b == "reference" else (2 * math.sqrt(1e-7)) ** 2
 
     def compares(self, a: str, b: str) -> bool:
@@ -141,7 +141,7 @@ class FunctionSubject(Subject):
         arrays = [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
         return Outcome(arrays)
 
-    def tolerance(self, case: Case, a: str, b: str) -> float:
+    def tolerance(self, case: Case, a: str, b: str, n_threads: int = 1) -> float:
         return self._tol if b == "reference" else (2 * math.sqrt(self._tol)) ** 2
 
 

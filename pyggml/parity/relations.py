@@ -36,7 +36,9 @@ __all__ = ["BATCH", "BROADCAST", "JOINED", "NOT_BITWISE_ACROSS_LAYOUTS", "NOT_BI
 # is the same bits on 1 thread and on THREADS (an odd count: uneven splits). The ``threads``
 # path computes the sample on THREADS threads (on 1 where the sweep runs on more) and is
 # compared with ``ggml`` exactly, but for the ops of NOT_BITWISE_ACROSS_THREADS (why, and
-# the NMSE bound that holds instead).
+# the NMSE bound that holds instead). The same bound holds the batch relation of those ops
+# where the sweep runs on more than one thread: a batch can change the split (a single query
+# row takes flash_attn_ext's split-KV path, a batch of them does not).
 THREADS = 3
 NOT_BITWISE_ACROSS_THREADS: dict[str, tuple[float, str]] = {
     "cross_entropy_loss": (1e-12, "each thread sums its rows' losses and thread 0 adds the threads' sums "

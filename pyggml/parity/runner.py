@@ -84,7 +84,7 @@ def check_case(case: Case, paths: Iterable[str] | None = None, probe: bool = Tru
         oa, ob = outs[a], outs[b]
         if NOT_APPLICABLE in (oa.verdict, ob.verdict):
             continue            # a relation that does not apply to this case: no row
-        tol = s.tolerance(case, a, b)
+        tol = s.tolerance(case, a, b, n_threads)
         bad = next((o for o in (oa, ob) if o.verdict != "ok"), None)
         if bad is not None:
             # the worse of the two sides decides (an error beats a refusal)
