@@ -69,12 +69,29 @@ def test_each_target_is_met_at_its_bound_and_not_past_it():
     assert small["blocked (no saved statistics) / torch, unmasked, 1 thread"] == (False, [1.0, 0.1])
 
 
+def test_a_torch_target_says_what_it_asks_of_the_fma_peak_beside_what_the_tile_products_reach():
+    """1.4x torch asks 1.4 x torch's share of the peak measured in the same rounds (the
+    median of per-round quotients); the tile products' share beside it."""
+    docs = _docs()
+    r = docs["attention"]["rows"][0]
+    # 10 GFLOP; torch took 0.1 s then 0.2 s (100, 50 GFLOP/s) where the peak was 200, 125
+    r.update(flops=10e9, cpu_rounds={"torch": [0.1, 0.2]}, peak_rounds=[200.0, 125.0], tile_rounds=[180.0, 100.0])
+    t = {x["target"]: x for x in bt.targets(docs)}
+    lse = t["blocked+lse / torch, unmasked, 1 thread"]
+    assert lse["needs_peak"] == pytest.approx([1.4 * (0.5 + 0.4) / 2]) and lse["tile_peak"] == pytest.approx([0.85])
+    assert t["blocked (no saved statistics) / torch, unmasked, 1 thread"]["needs_peak"] == pytest.approx([0.45])
+    assert t["blocked+lse, share of the measured FMA peak"]["needs_peak"] == [0.9]     # its own bound
+    assert t["blocked+lse / torch, masked, 1 thread"]["tile_peak"] == []    # that row has no rounds
+    assert "| 0.63-0.63 | 0.85-0.85 |" in bt.markdown(list(t.values()))
+
+
 def test_the_table_says_no_and_not_measured_plainly():
     md = bt.markdown(bt.targets(_docs()))
     lines = md.splitlines()
     assert len(lines) == 2 + len(bt.targets({}))
-    assert "| 2 | 2 threads / 1 (wall), the graph node, one head | >= 1.8 | 1.79-1.79, 1.79; 1 | **no** |" in lines
-    assert "| 4 | full sweep with torch, s (--threads 1) | <= 30 | not measured | - |" in lines
+    assert ("| 2 | 2 threads / 1 (wall), the graph node, one head | >= 1.8 | 1.79-1.79, 1.79; 1 | **no** "
+            "| - | - |") in lines
+    assert "| 4 | full sweep with torch, s (--threads 1) | <= 30 | not measured | - | - | - |" in lines
 
 
 def test_a_dry_run_runs_every_benchmark_and_tabulates_their_json(tmp_path):
