@@ -34,7 +34,8 @@ def _docs(lse_unmasked=1.4, gain=1.8, full=10.0, cycle=2.0):
              "quick_no_torch": {"rounds": {"1": [3.01]}, "threads2_over_1": 0.9}}
     over = {"pyggml_over_c": {"cycle@400": cycle, "cycle_in_process@400": 2.9, "numpy@400": 9.0}}
     train = {"models": {"digits": {"torch_over_pyggml": 7.5}}}
-    return {"attention": att, "attention_one_head": one, "sweep": sweep, "overhead": over, "train": train}
+    return {"machine": {"two_over_one": [1.7, 1.9]}, "attention": att, "attention_one_head": one, "sweep": sweep,
+            "overhead": over, "train": train}
 
 
 def _verdicts(docs, **kw):
@@ -56,6 +57,8 @@ def test_each_target_is_met_at_its_bound_and_not_past_it():
     assert v["tiny graph cycle, pyggml / the C program"] == (True, [2.0])                    # not numpy's row
     assert v["tiny graph cycle, pyggml / the same C in pyggml's process"] == (False, [2.9])
     assert v["digits classifier epoch, torch time / pyggml time"] == (True, [7.5])
+    # the machine's own two-core gain: a figure beside the targets, no verdict
+    assert v["the machine: an FMA loop on 2 cores / on 1 (rates summed; no target)"] == (None, [1.7, 1.9])
     # nothing measured is no verdict, not a pass
     assert v["full sweep with torch, s (--threads 1)"] == (None, [])
     assert v["784-512-10 MLP epoch, torch time / pyggml time (CPU backend)"] == (None, [])
@@ -100,8 +103,8 @@ def test_a_dry_run_runs_every_benchmark_and_tabulates_their_json(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "targets.json").read_text())
-    assert doc["cpu"] == cpu_model() and set(doc["seconds"]) == {"attention", "attention_one_head", "overhead",
-                                                                   "train", "sweep"}
+    assert doc["cpu"] == cpu_model()
+    assert set(doc["seconds"]) == {"machine", "attention", "attention_one_head", "overhead", "train", "sweep"}
     docs = doc["docs"]
     assert {r["threads"] for r in docs["attention"]["rows"]} == {1, 2}
     assert all("node" in r["gflops"] for r in docs["attention_one_head"]["rows"])
@@ -111,6 +114,10 @@ def test_a_dry_run_runs_every_benchmark_and_tabulates_their_json(tmp_path):
             assert ratio == pytest.approx(over["pyggml_us"][k] / over["c_us"][k])
     assert set(docs["sweep"]) == {"quick_no_torch", "quick_torch"}
     assert "torch" not in docs["sweep"]["quick_no_torch"]["args"][-1].split(",")
+    if docs["machine"]["isa"] != "portable":      # each round: one core's rate, two cores' sum
+        m = docs["machine"]
+        assert len(m["two_over_one"]) == 1
+        assert m["two_over_one"][0] == pytest.approx(m["two_gflops"][0] / m["one_gflops"][0])
     measured = [t for t in doc["targets"] if t["met"] is not None]
     assert {t["item"] for t in measured} == {"2", "4", "5", "6"}
     assert all(t["met"] is (all(x >= t["bound"] for x in t["values"]) if t["sense"] == ">=" else
