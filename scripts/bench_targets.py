@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,22 +66,29 @@ def sweep_configs(dry: bool, torch: bool) -> dict[str, list[str]]:
 
 def time_sweeps(configs: dict[str, list[str]], rounds: int) -> dict[str, Any]:
     """Wall seconds of ``pyggml parity`` per config and thread count (1 and 2 alternated, the
-    order swapped every round); the medians, and the median of the per-round ratios 2 / 1."""
+    order swapped every round); the medians, and the median of the per-round ratios 2 / 1;
+    the same of the CPU seconds the sweep and its workers took (where the cores are busy
+    either way, what more CPU a count takes bounds its wall time)."""
     walls: dict[str, dict[int, list[float]]] = {k: {1: [], 2: []} for k in configs}
+    cpus: dict[str, dict[int, list[float]]] = {k: {1: [], 2: []} for k in configs}
     with tempfile.TemporaryDirectory() as cwd:
         for i in range(rounds):
             for name, args in configs.items():
                 for threads in ((1, 2) if i % 2 == 0 else (2, 1)):
-                    t0 = time.perf_counter()
+                    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
                     proc = subprocess.run([sys.executable, "-m", "pyggml", "parity", *args, "--threads", str(threads)],
                                           cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     walls[name][threads].append(time.perf_counter() - t0)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)     # the sweep and its workers
+                    cpus[name][threads].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
                     if proc.returncode != 0:
                         raise SystemExit(f"bench_targets: pyggml parity {' '.join(args)} --threads {threads} "
                                          f"exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     return {name: {"args": configs[name], "wall_s": {str(t): statistics.median(v) for t, v in w.items()},
                    "rounds": {str(t): v for t, v in w.items()},
-                   "threads2_over_1": statistics.median(b / a for a, b in zip(w[1], w[2]))}
+                   "threads2_over_1": statistics.median(b / a for a, b in zip(w[1], w[2])),
+                   "cpu_s": {str(t): v for t, v in cpus[name].items()},
+                   "cpu_threads2_over_1": statistics.median(b / a for a, b in zip(cpus[name][1], cpus[name][2]))}
             for name, w in walls.items()}
 
 
@@ -167,6 +175,8 @@ def targets(docs: dict[str, Any], min_n: int = 1024) -> list[dict[str, Any]]:
         ("4", "--quick with torch, s (--threads 1)", lambda: _sweep(sweep, "quick_torch"), 10.0, "<="),
         ("4", "--threads 2 / --threads 1, wall (each sweep above)",
          lambda: [s["threads2_over_1"] for s in sweep.values()], 1.0, "<="),
+        ("4", "CPU seconds of the sweep and its workers, --threads 2 / --threads 1 (no target)",
+         lambda: [s["cpu_threads2_over_1"] for s in sweep.values() if "cpu_threads2_over_1" in s], 1.0, "info"),
         ("5", "tiny graph cycle, pyggml / the C program",
          lambda: [v for k, v in over.get("pyggml_over_c", {}).items() if k.startswith("cycle@")], 2.0, "<="),
         ("5", "tiny graph cycle, pyggml / the same C in pyggml's process",

@@ -114,6 +114,9 @@ def test_a_dry_run_runs_every_benchmark_and_tabulates_their_json(tmp_path):
             assert ratio == pytest.approx(over["pyggml_us"][k] / over["c_us"][k])
     assert set(docs["sweep"]) == {"quick_no_torch", "quick_torch"}
     assert "torch" not in docs["sweep"]["quick_no_torch"]["args"][-1].split(",")
+    for sw in docs["sweep"].values():      # wall and CPU seconds (the sweep's workers included: more than its own)
+        assert sw["cpu_threads2_over_1"] == pytest.approx(sw["cpu_s"]["2"][0] / sw["cpu_s"]["1"][0])
+        assert min(sw["cpu_s"]["1"] + sw["cpu_s"]["2"]) > 0.5
     if docs["machine"]["isa"] != "portable":      # each round: one core's rate, two cores' sum
         m = docs["machine"]
         assert len(m["two_over_one"]) == 1
